@@ -1,0 +1,34 @@
+# `make run` and `make test` are the whole setup on a fresh machine.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test bench ui lint clean
+
+install: $(STAMP)
+
+# Re-install only when the dependency list changes.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: install
+	$(BIN)/towerbench pipeline --params params.yaml
+
+test: install
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/towerbench bench
+
+ui: install
+	$(BIN)/towerbench ui
+
+lint: install
+	$(BIN)/ruff check model tasks flows tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,47 @@
+"""The `towerbench` command: one subcommand per job, errors as one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from model.errors import TowerbenchError
+
+# Each module has `register(subparsers)`, adding its subcommands with a `handler(args) -> int`.
+COMMAND_MODULES = (
+    "flows.commands.data",
+    "flows.commands.train",
+    "flows.commands.orchestrate",
+    "flows.commands.bench",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="towerbench",
+        description="Does averaging tower gradients cost accuracy? Measure it on your devices.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # TensorFlow's C++ start-up chatter hides the output users came for.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except TowerbenchError as error:
+        print(f"towerbench {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"towerbench {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
