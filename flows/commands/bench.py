@@ -1,7 +1,93 @@
-"""Subcommands (to be filled in by its owner)."""
+"""`towerbench bench`: tower overhead, Keras peer, roofline, input, preprocessing, orchestration."""
+
+from __future__ import annotations
 
 import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_REPORT = Path("docs/benchmarks.md")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this module's subcommands."""
+    """Add `bench`."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="Measure training speed, tower overhead and overheads against their targets.",
+        description="Runs every benchmark of issue 5 in one process (~10 minutes on 2 cores; "
+        "--quick: under 3) on the towers' devices: physical GPUs, else logical CPU devices.",
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help="Fewer steps and images (same keys); no report unless --report.")
+    parser.add_argument("--json", action="store_true",
+                        help="Print the JSON summary as the last line.")
+    parser.add_argument("--report", type=Path, default=None,
+                        help=f"Markdown report to write (default: {DEFAULT_REPORT} for a full "
+                        "run, none for --quick).")
+    parser.set_defaults(handler=run_bench)
+
+
+def _say(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def run_all(settings, work_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every measurement, in one process; returns (JSON summary, raw results)."""
+    from flows.bench_overhead import isolate_orchestration_state
+
+    isolate_orchestration_state(work_dir)  # before Prefect or MLflow is imported
+    # Devices before anything touches TensorFlow's runtime: one logical device per tower.
+    from model.devices import configure_tower_devices
+
+    devices = configure_tower_devices(settings.max_towers, "auto", "cpu")
+    from flows.bench_overhead import measure_orchestration_overhead
+    from model.bench.machine import describe_machine
+    from model.bench.suite import (
+        count_flops,
+        measure_input_pipeline,
+        measure_preprocessing,
+        measure_steps,
+    )
+    from model.bench.summary import summarize
+    from model.config import TrainConfig
+
+    machine = describe_machine(devices)
+    config = TrainConfig()
+    _say(f"{settings.mode} run on {machine['tower_devices']} devices ({machine['cpu']})")
+    results: dict[str, Any] = {"flops_per_example": count_flops(config)}
+    _say("training steps (towerbench, Keras + MirroredStrategy) and matmul roofline")
+    results |= measure_steps(devices, settings, config)
+    _say("input pipeline")
+    results["input_pipeline"] = measure_input_pipeline(work_dir, settings, config)
+    _say("preprocessing")
+    results["preprocess"] = measure_preprocessing(work_dir, settings)
+    _say("orchestration: Prefect flow + MLflow against a direct train() call")
+    results["orchestration"] = measure_orchestration_overhead(work_dir, settings)
+    return summarize(results, results["orchestration"], machine, settings), results
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from flows.bench_report import render_markdown, write_markdown
+    from model.bench.settings import BenchSettings
+    from model.bench.summary import target_rows
+
+    settings = BenchSettings.quick() if args.quick else BenchSettings.full()
+    report = args.report or (None if args.quick else DEFAULT_REPORT)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="towerbench-bench-") as work:
+        summary, results = run_all(settings, Path(work))
+    seconds = time.perf_counter() - started
+    for row in target_rows(summary, settings):
+        verdict = {True: "met", False: "MISSED", None: ""}[row.met]
+        print(f"{row.figure:<78} {row.target:>7} {row.measured:>9}  {verdict}")
+    if report is not None:
+        write_markdown(report, render_markdown(summary, results, settings, seconds))
+        print(f"report: {report}")
+    print(f"bench: {seconds / 60:.1f} minutes")
+    if args.json:
+        print(json.dumps(summary))
+    return 0

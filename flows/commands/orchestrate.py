@@ -1,7 +1,200 @@
-"""Subcommands (to be filled in by its owner)."""
+"""Subcommands: pipeline, sweep, report, serve, ui (Prefect flows + MLflow tracking)."""
+
+from __future__ import annotations
 
 import argparse
+import json
+import typing
+from pathlib import Path
+from typing import Any
+
+from flows.options import add_model_options, build_model, values_from_args
+from model.config import (
+    SWEEP_AXES,
+    DataConfig,
+    ReportConfig,
+    SweepConfig,
+    SweepGrid,
+    TrackingConfig,
+    TrainConfig,
+)
+
+TRAIN_LIST_FIELDS = frozenset(name for name in TrainConfig.model_fields if name not in SWEEP_AXES)
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+def _overrides(model: type, args: argparse.Namespace) -> dict[str, Any]:
+    return values_from_args(model, args)
+
+
+def _tracking(args: argparse.Namespace, base: TrackingConfig) -> TrackingConfig:
+    from tasks.tracking import resolve_tracking
+
+    values = {**base.model_dump(exclude_unset=True), **_overrides(TrackingConfig, args)}
+    return resolve_tracking(build_model(TrackingConfig, values))
+
+
+def _split_training_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Training options with one value go to the shared base, with several to the sweep grid."""
+    raw = values_from_args(TrainConfig, args, as_lists=TRAIN_LIST_FIELDS)
+    base, grid = {}, {}
+    for name, values in raw.items():
+        if name in SWEEP_AXES:  # given through the sweep's own list options
+            continue
+        annotation = TrainConfig.model_fields[name].annotation
+        values = [None if str(value).lower() == "none" else value for value in values]
+        if typing.get_origin(annotation) is list or len(values) == 1:
+            base[name] = values if typing.get_origin(annotation) is list else values[0]
+        else:
+            grid[name] = values
+    return base, grid
+
+
+def sweep_config_from_args(args: argparse.Namespace) -> SweepConfig:
+    """The sweep the options describe, on top of `--params` (if given)."""
+    base_values: dict[str, Any] = {}
+    axes: dict[str, Any] = {}
+    if args.params is not None:
+        from flows.params import load_params
+
+        params = load_params(args.params)
+        base_values = params.train.model_dump(exclude_unset=True)
+        axes = params.sweep.model_dump(exclude_unset=True)
+    train_values, grid_values = _split_training_values(args)
+    base = build_model(TrainConfig, {**base_values, **train_values})
+    axes.update(values_from_args(SweepGrid, args))
+    axes["grid"] = {**axes.get("grid", {}), **grid_values}
+    return build_model(SweepConfig, {**axes, "base": base.model_dump()})
+
+
+def _print_outcome(outcome: dict[str, Any], as_json: bool) -> int:
+    for config in outcome["configs"]:
+        accuracy = config.get("test_accuracy")
+        shown = f"{accuracy:.4f}" if isinstance(accuracy, float) else "—"
+        error = f"  ({config['error']})" if config.get("error") else ""
+        print(f"{config['name']:<48} {config['status']:<9} test accuracy {shown}{error}")
+    print(f"MLflow parent run: {outcome['parent_run_id']}")
+    if as_json:
+        summary = {
+            "parent_run_id": outcome["parent_run_id"],
+            "configs": [
+                {key: config.get(key) for key in ("run_id", "towers", "seed", "status")}
+                | {"test_accuracy": config.get("test_accuracy")}
+                for config in outcome["configs"]
+            ],
+            "report": outcome["report"],
+        }
+        print(json.dumps(summary))
+    else:
+        print(f"Report: {outcome['report']}")
+    return 0 if any(config["status"] != "failed" for config in outcome["configs"]) else 1
+
+
+def run_sweep_command(args: argparse.Namespace) -> int:
+    from flows.sweep import sweep
+
+    config = sweep_config_from_args(args)
+    data = build_model(DataConfig, values_from_args(DataConfig, args))
+    report = build_model(ReportConfig, values_from_args(ReportConfig, args))
+    outcome = sweep(
+        sweep=config, tracking=_tracking(args, TrackingConfig()), report=report, data=data
+    )
+    return _print_outcome(outcome, args.json)
+
+
+def run_pipeline_command(args: argparse.Namespace) -> int:
+    from flows.params import load_params
+    from flows.pipeline import pipeline
+
+    params = load_params(args.params)
+    config = params.pipeline(args.params.resolve().parent)
+    config = config.model_copy(update={"tracking": _tracking(args, config.tracking)})
+    return _print_outcome(pipeline(config=config), args.json)
+
+
+def run_report_command(args: argparse.Namespace) -> int:
+    from tasks.report import write_report
+
+    report = build_model(ReportConfig, values_from_args(ReportConfig, args))
+    print(write_report(_tracking(args, TrackingConfig()), args.sweep, report))
+    return 0
+
+
+def run_serve_command(args: argparse.Namespace) -> int:
+    from flows.deployments import serve
+    from flows.params import load_params
+
+    params = load_params(args.params)
+    tracking = _tracking(args, params.tracking)
+    serve(params.model_copy(update={"tracking": tracking}), args.params.resolve().parent)
+    return 0
+
+
+def run_ui_command(args: argparse.Namespace) -> int:
+    from flows.deployments import run_ui
+    from flows.params import load_params
+
+    params = load_params(args.params)
+    tracking = _tracking(args, params.tracking)
+    run_ui(params.model_copy(update={"tracking": tracking}), args.params)
+    return 0
+
+
+def _add_tracking_options(parser: argparse.ArgumentParser) -> None:
+    add_model_options(parser, TrackingConfig)
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", action="store_true", help="End with one JSON line summarising the sweep."
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add this module's subcommands."""
+    pipeline = subparsers.add_parser(
+        "pipeline", help="fetch -> preprocess (DVC) -> sweep -> report, as set in params.yaml."
+    )
+    pipeline.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="Params file.")
+    _add_tracking_options(pipeline)
+    _add_json(pipeline)
+    pipeline.set_defaults(handler=run_pipeline_command)
+
+    sweep = subparsers.add_parser(
+        "sweep",
+        help="Train every combination of the given lists (comma-separated), then report.",
+        description="Options accept comma-separated lists; each combination is one run.",
+    )
+    sweep.add_argument(
+        "--params", type=Path, default=None, help="Start from this file's train: and sweep:."
+    )
+    add_model_options(sweep, SweepGrid, skip=frozenset({"grid"}))
+    add_model_options(sweep, TrainConfig, skip=frozenset(SWEEP_AXES), as_lists=TRAIN_LIST_FIELDS)
+    add_model_options(sweep, DataConfig)
+    add_model_options(sweep, ReportConfig)
+    _add_tracking_options(sweep)
+    _add_json(sweep)
+    sweep.set_defaults(handler=run_sweep_command)
+
+    report = subparsers.add_parser("report", help="Write the comparison report of a sweep.")
+    report.add_argument(
+        "--sweep", required=True, metavar="PARENT_RUN_ID", help="The sweep's MLflow parent run."
+    )
+    add_model_options(report, ReportConfig)
+    _add_tracking_options(report)
+    report.set_defaults(handler=run_report_command)
+
+    serve = subparsers.add_parser(
+        "serve",
+        help="Serve the pipeline (on demand) and benchmark (on its cron) deployments.",
+    )
+    serve.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="Params file.")
+    _add_tracking_options(serve)
+    serve.set_defaults(handler=run_serve_command)
+
+    ui = subparsers.add_parser(
+        "ui", help="Local Prefect server (:4200), MLflow UI (:5000) and `towerbench serve`."
+    )
+    ui.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="Params file.")
+    _add_tracking_options(ui)
+    ui.set_defaults(handler=run_ui_command)

@@ -1,0 +1,77 @@
+"""Benchmark 6 of issue 5: what the Prefect flow + MLflow tracking add around one training run.
+
+Both sides train the same configuration on the same TFRecords, interleaved round by round:
+  direct  `model.training.train(...)` called in this process;
+  flow    the `sweep` flow with that single configuration, exactly as `towerbench sweep` runs it:
+          Prefect flow and task runs, MLflow parent and child runs, the training in its own
+          process (for isolation), live metrics, the evaluation artifacts and the report.
+The first round (warm-up) also starts Prefect's temporary server; later rounds reuse it, as a
+running `prefect server` would. Prefect and MLflow state go to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from model.bench.settings import BenchSettings
+from model.bench.suite import write_synthetic_cifar
+from model.bench.timing import interleaved, time_once
+from model.config import DataConfig, ReportConfig, SweepConfig, TrackingConfig, TrainConfig
+from model.errors import TowerbenchError
+
+DATASET = "benchcifar"
+TEST_EXAMPLES = 256
+
+
+def isolate_orchestration_state(work_dir: Path) -> None:
+    """Point Prefect (temporary server) and MLflow into `work_dir`; call before importing them."""
+    os.environ["PREFECT_HOME"] = str(work_dir / "prefect")
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    os.environ.pop("PREFECT_API_URL", None)
+    os.environ.pop("MLFLOW_RUN_ID", None)
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work_dir / 'mlflow.db'}"
+
+
+def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> dict[str, Any]:
+    """Median seconds of the direct call and of the flow, and their difference."""
+    from flows.sweep import sweep
+    from model.training import train
+
+    data = DataConfig(data_dir=work_dir / "data")
+    write_synthetic_cifar(data.data_dir, DATASET, settings.orchestration_train_examples,
+                          TEST_EXAMPLES)
+    config = TrainConfig(dataset=DATASET, towers=1, global_batch=128,
+                         epochs=settings.orchestration_epochs)
+    single = SweepConfig(base=config, towers=[1], seeds=[config.seed],
+                         aggregation=[config.aggregation], lr_scaling=[config.lr_scaling],
+                         warmup_epochs=[config.warmup_epochs])
+    tracking = TrackingConfig(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    report = ReportConfig(report_dir=work_dir / "reports")
+
+    def flow_run() -> None:
+        outcome = sweep(sweep=single, tracking=tracking, report=report, data=data)
+        run = outcome["configs"][0]
+        if run["status"] != "completed":
+            raise TowerbenchError(f"bench: the flow's training run {run['status']}: "
+                                  f"{run.get('error', 'no error message')}")
+
+    timings = interleaved(
+        {
+            "direct": lambda: time_once(lambda: train(config, data.data_dir)),
+            "flow": lambda: time_once(flow_run),
+        },
+        settings.repeats,
+        settings.warmup,
+    )
+    direct, flow_seconds = timings["direct"].median, timings["flow"].median
+    return {
+        "train_examples": settings.orchestration_train_examples,
+        "epochs": settings.orchestration_epochs,
+        "direct_seconds": direct,
+        "flow_seconds": flow_seconds,
+        "overhead_seconds": flow_seconds - direct,
+        "direct_repeats": list(timings["direct"].seconds),
+        "flow_repeats": list(timings["flow"].seconds),
+    }

@@ -1,0 +1,132 @@
+"""docs/benchmarks.md from one `towerbench bench` run: machine, targets table, the raw figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from model.bench.settings import BenchSettings
+from model.bench.summary import (
+    REFERENCE_RUN_SECONDS,
+    achieved_flops,
+    roofline,
+    target_rows,
+)
+
+MET = {True: "yes", False: "**no**", None: "—"}
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def render_markdown(
+    summary: dict[str, Any], results: dict[str, Any], settings: BenchSettings, seconds: float
+) -> str:
+    """The report as markdown."""
+    machine = summary["machine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Written by `towerbench bench` ({settings.mode} run, {time.strftime('%Y-%m-%d %H:%M')}, "
+        f"{seconds / 60:.1f} minutes). Every figure is the median of {settings.repeats} repeats "
+        f"after {settings.warmup} warm-up round; the candidates of each comparison are timed "
+        "round-robin in the same run, so a ratio sees one machine load. Regenerate with "
+        "`make bench`.",
+        "",
+        "## Machine",
+        "",
+        *_table(["", ""], [[key, f"`{value}`"] for key, value in machine.items()]),
+        "",
+        "## Targets",
+        "",
+        *_table(
+            ["Figure", "Target", "Measured", "Met"],
+            [[row.figure, row.target, row.measured, MET[row.met]]
+             for row in target_rows(summary, settings)],
+        ),
+        "",
+        "## Training step (`tutorial` network, fixed in-memory batch)",
+        "",
+        *_table(
+            ["Runner", "Towers", "Global batch", "Step (ms)", "Images/s"],
+            [[step["runner"], str(step["towers"]), str(step["global_batch"]),
+              f"{step['step_seconds'] * 1e3:.1f}", f"{step['images_per_sec']:.0f}"]
+             for step in sorted(results["steps"], key=lambda s: (s["runner"], s["global_batch"],
+                                                                 s["towers"]))],
+        ),
+        "",
+        *_flops_section(results, settings),
+        *_data_sections(results, summary),
+        "## JSON summary",
+        "",
+        "```json",
+        json.dumps(summary),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _flops_section(results: dict[str, Any], settings: BenchSettings) -> list[str]:
+    flops = results["flops_per_example"]
+    best = roofline(results)
+    rates = ", ".join(f"{size}²: {rate / 1e9:.1f} GFLOP/s"
+                      for size, rate in results["matmul_flops_per_sec"].items())
+    ours = achieved_flops(results, settings)
+    keras = achieved_flops(results, settings, "keras_mirrored")
+    return [
+        "## FLOP/s against the matmul roofline",
+        "",
+        f"- Dense float32 matmul (tf.matmul, same run): {rates}; roofline = {best / 1e9:.1f} "
+        "GFLOP/s.",
+        f"- FLOPs per example, counted analytically from the traced graph's convolutions and "
+        f"matrix products (2 per multiply-add): forward {flops['forward'] / 1e6:.2f} M, training "
+        f"step {flops['training'] / 1e6:.2f} M (forward + weight gradients + input gradients, "
+        "none for the image batch; element-wise ops not counted).",
+        f"- 1 tower, batch {settings.roofline_batch}: towerbench {ours / 1e9:.1f} GFLOP/s "
+        f"({ours / best:.1%}), Keras fit + MirroredStrategy {keras / 1e9:.1f} GFLOP/s "
+        f"({keras / best:.1%}).",
+        "",
+    ]
+
+
+def _data_sections(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    pipeline = results["input_pipeline"]
+    preprocess = results["preprocess"]
+    orchestration = results["orchestration"]
+    extrapolated = " (extrapolated linearly)" if preprocess["extrapolated"] else ""
+    return [
+        "## Data and orchestration",
+        "",
+        f"- Input pipeline (TFRecords -> 24x24 crop, flip, brightness, contrast, "
+        f"standardisation, batch {pipeline['global_batch']}, one epoch of "
+        f"{pipeline['examples']:,} examples incl. the shuffle buffer): "
+        f"{pipeline['images_per_sec']:.0f} images/s = {summary['input_pipeline_ratio']:.2f}× the "
+        "fastest training step measured above.",
+        f"- Preprocessing (official-format cifar-10-binary.tar.gz, random pixels, "
+        f"{preprocess['images']:,} images): {preprocess['seconds']:.2f} s, "
+        f"{preprocess['images_per_sec']:.0f} images/s; 60,000 images: "
+        f"{preprocess['seconds_for_60k']:.1f} s{extrapolated}.",
+        f"- Orchestration (tutorial, 1 tower, {orchestration['train_examples']:,} examples, "
+        f"{orchestration['epochs']:g} epoch(s)): train() called directly "
+        f"{orchestration['direct_seconds']:.1f} s, the `sweep` flow with MLflow tracking "
+        f"{orchestration['flow_seconds']:.1f} s; overhead {orchestration['overhead_seconds']:.1f} s"
+        f" = {summary['orchestration_overhead']:.1%} of a {REFERENCE_RUN_SECONDS / 60:.0f}-minute "
+        "run.",
+        "",
+    ]
+
+
+def write_markdown(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically (a temporary file renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(handle, "w") as stream:
+        stream.write(text)
+    os.replace(temporary, path)

@@ -1,0 +1,68 @@
+"""The peer towerbench must beat: the same network under Keras `model.fit` + MirroredStrategy.
+
+This is what a TensorFlow user writes instead of a tower loop: the network built inside a
+`MirroredStrategy` scope, the tutorial's weight decay as Keras L2 regularizers, SGD with the
+tutorial's moving average of the weights (`use_ema`), sparse cross-entropy and accuracy, `fit`.
+Keras defaults apply (no XLA on CPU-only machines, one step per execution).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import keras
+import tensorflow as tf
+
+from model.bench.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES, synthetic_batch
+from model.config import TrainConfig
+from model.networks import build_network
+
+
+class _StepClock(keras.callbacks.Callback):
+    """Times the steps after the first of a `fit` call, leaving out fit's set-up and tear-down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_end = 0.0
+        self.last_end = 0.0
+        self.steps_after_first = -1
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        # TensorFlow runs a step synchronously on CPU; on GPUs the loss read below waits for it.
+        if logs and "loss" in logs:
+            float(logs["loss"])
+        self.last_end = time.perf_counter()
+        if self.steps_after_first < 0:
+            self.first_end = self.last_end
+        self.steps_after_first += 1
+
+
+def keras_mirrored_runner(
+    devices: list[str], global_batch: int, steps: int, config: TrainConfig
+) -> Callable[[], float]:
+    """A callable that runs `fit` for `steps + 1` steps and returns seconds per step (steady)."""
+    strategy = tf.distribute.MirroredStrategy(devices=devices)
+    with strategy.scope():
+        network = build_network(NETWORK, IMAGE_SHAPE, NUM_CLASSES, config.seed)
+        for variable in network.decayed_variables:
+            # tf.nn.l2_loss is sum(w**2)/2, so the tutorial's 0.004 is Keras L2(0.002).
+            variable.regularizer = keras.regularizers.L2(config.weight_decay / 2)
+        model = network.model
+        model.compile(
+            optimizer=keras.optimizers.SGD(
+                learning_rate=config.base_lr, use_ema=True, ema_momentum=config.ema_decay
+            ),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["sparse_categorical_accuracy"],
+        )
+    images, labels = synthetic_batch(global_batch, config.seed)
+    # One element is one global batch; the strategy splits it across the replicas.
+    dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
+
+    def run() -> float:
+        clock = _StepClock()
+        model.fit(dataset, epochs=1, steps_per_epoch=steps + 1, verbose=0, callbacks=[clock])
+        return (clock.last_end - clock.first_end) / clock.steps_after_first
+
+    return run

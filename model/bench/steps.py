@@ -1,0 +1,52 @@
+"""Step time of towerbench's own tower trainer (model/towers.py), on a fixed in-memory batch."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import keras
+import tensorflow as tf
+
+from model.bench.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES, synthetic_batch
+from model.config import TrainConfig
+from model.devices import TowerDevices
+from model.networks import build_network
+from model.schedules import StepSchedule, schedule_from_config
+from model.towers import TowerTrainer
+
+# CIFAR-10's 50,000 training images at the tutorial's batch: only the schedule's shape uses it.
+STEPS_PER_EPOCH = 390
+
+
+def tower_step_runner(
+    devices: TowerDevices, towers: int, global_batch: int, steps: int, config: TrainConfig
+) -> Callable[[], float]:
+    """A callable that runs `steps` tower steps on the first `towers` devices; seconds per step."""
+    tower_devices = replace(devices, devices=devices.devices[:towers], replicas=towers)
+    with tf.device(tower_devices.parameter_device):
+        network = build_network(NETWORK, IMAGE_SHAPE, NUM_CLASSES, config.seed)
+    # The optimizer as model/training.py builds it: plain SGD on the epoch-counted LR schedule.
+    optimizer = keras.optimizers.SGD(
+        learning_rate=StepSchedule(schedule_from_config(config, global_batch), STEPS_PER_EPOCH)
+    )
+    trainer = TowerTrainer(
+        network,
+        optimizer,
+        tower_devices,
+        aggregation=config.aggregation,
+        weight_decay=config.weight_decay,
+        ema_decay=config.ema_decay,
+        jit_compile=config.xla,
+    )
+    images, labels = synthetic_batch(global_batch, config.seed)
+
+    def run() -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            loss = trainer.step(images, labels)
+        loss.numpy()  # wait for the last step
+        return (time.perf_counter() - start) / steps
+
+    return run

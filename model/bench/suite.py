@@ -1,0 +1,136 @@
+"""Runs the pure-TensorFlow benchmarks (1-5 of issue 5) and returns their raw medians.
+
+All step-level candidates (our tower step at every tower count and batch, the Keras peer, the
+matmul roofline) are timed round-robin in one group, so their ratios see the same machine load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from model.bench.flops import count_step_flops
+from model.bench.input_rate import pipeline_runner
+from model.bench.keras_peer import keras_mirrored_runner
+from model.bench.preprocess_rate import preprocess_runner, write_random_cifar10_archive
+from model.bench.roofline import matmul_flops, matmul_runner
+from model.bench.settings import BenchSettings
+from model.bench.steps import tower_step_runner
+from model.bench.timing import interleaved
+from model.bench.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES
+from model.config import PreprocessConfig, TrainConfig
+from model.devices import TowerDevices
+from model.networks import build_network
+from model.tfrecords import write_dataset
+
+StepKey = tuple[str, int, int]  # (runner, towers, global batch)
+
+
+def step_configurations(settings: BenchSettings) -> list[StepKey]:
+    """Every (runner, towers, global batch) the step group times, without duplicates."""
+    keys: list[StepKey] = []
+    for towers in settings.towers:
+        keys.append(("towerbench", towers, settings.fixed_global_batch))
+        keys.append(("towerbench", towers, towers * settings.per_tower_batch))
+    keys.append(("towerbench", 1, settings.roofline_batch))
+    keys += [("keras_mirrored", k, k * settings.per_tower_batch) for k in settings.keras_towers]
+    return list(dict.fromkeys(keys))
+
+
+def measure_steps(
+    devices: TowerDevices, settings: BenchSettings, config: TrainConfig
+) -> dict[str, Any]:
+    """Seconds per step of every configuration and the matmul rates, interleaved."""
+    runs = {}
+    for runner, towers, batch in step_configurations(settings):
+        steps = settings.steps_per_repeat(batch)
+        if runner == "towerbench":
+            runs[(runner, towers, batch)] = tower_step_runner(devices, towers, batch, steps, config)
+        else:
+            runs[(runner, towers, batch)] = keras_mirrored_runner(
+                devices.devices[:towers], batch, steps, config
+            )
+    for size in settings.roofline_sizes:
+        runs[("matmul", 1, size)] = matmul_runner(size, devices.devices[0])
+    timings = interleaved(runs, settings.repeats, settings.warmup)
+    steps = [
+        {
+            "runner": runner,
+            "towers": towers,
+            "global_batch": batch,
+            "step_seconds": timing.median,
+            "images_per_sec": batch / timing.median,
+            "repeats": list(timing.seconds),
+        }
+        for (runner, towers, batch), timing in timings.items()
+        if runner != "matmul"
+    ]
+    roofline = {
+        str(size): matmul_flops(size) / timings[("matmul", 1, size)].median
+        for size in settings.roofline_sizes
+    }
+    return {"steps": steps, "matmul_flops_per_sec": roofline}
+
+
+def _random_images(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=(count, 32, 32, 3), dtype=np.uint8)
+    return images, rng.integers(0, NUM_CLASSES, size=count)
+
+
+def write_synthetic_cifar(folder: Path, name: str, train: int, test: int) -> Path:
+    """TFRecords of random CIFAR-10-shaped images (the data contract's layout); their folder."""
+    out_dir = folder / "tfrecords" / name
+    write_dataset(
+        out_dir,
+        name,
+        [f"class{index}" for index in range(NUM_CLASSES)],
+        {"train": _random_images(train, 0), "test": _random_images(test, 1)},
+        shards=PreprocessConfig().shards,
+        source={"source": "random pixels (benchmark)"},
+    )
+    return out_dir
+
+
+def measure_input_pipeline(
+    work_dir: Path, settings: BenchSettings, config: TrainConfig
+) -> dict[str, Any]:
+    """Images/s of one training epoch of the input pipeline on random CIFAR-shaped TFRecords."""
+    folder = write_synthetic_cifar(work_dir, "pipeline", settings.pipeline_examples, NUM_CLASSES)
+    timing = interleaved(
+        {"pipeline": pipeline_runner(folder, settings.per_tower_batch, config)},
+        settings.repeats,
+        settings.warmup,
+    )["pipeline"]
+    return {
+        "examples": settings.pipeline_examples,
+        "global_batch": settings.per_tower_batch,
+        "images_per_sec": 1 / timing.median,
+    }
+
+
+def measure_preprocessing(work_dir: Path, settings: BenchSettings) -> dict[str, Any]:
+    """Seconds to convert an official-format CIFAR-10 binary archive (random pixels)."""
+    archive = work_dir / "cifar-10-binary.tar.gz"
+    images = write_random_cifar10_archive(archive, settings.preprocess_images_per_file)
+    timing = interleaved(
+        {"preprocess": preprocess_runner(archive, work_dir, PreprocessConfig().shards)},
+        settings.repeats,
+        settings.warmup,
+    )["preprocess"]
+    return {
+        "images": images,
+        "seconds": timing.median,
+        "images_per_sec": images / timing.median,
+        "seconds_for_60k": timing.median * 60_000 / images,
+        "extrapolated": images != 60_000,
+    }
+
+
+def count_flops(config: TrainConfig) -> dict[str, int]:
+    """Counted FLOPs per example of the benchmark network (see model/bench/flops.py)."""
+    network = build_network(NETWORK, IMAGE_SHAPE, NUM_CLASSES, config.seed)
+    flops = count_step_flops(lambda images: network.model(images, training=True), IMAGE_SHAPE)
+    return {"forward": flops.forward, "training": flops.training}

@@ -1,0 +1,164 @@
+"""tf.data input: the tutorial's training distortions and central-crop evaluation, any image size.
+
+Training reads ONE shuffled stream per epoch and cuts it into global batches; the tower step
+splits each batch across the towers, so every example is used once per epoch whatever the number
+of towers. The order and the distortions are pure functions of (seed, epoch, position): the
+shuffle is seeded per epoch and each example's distortions use stateless random ops seeded by
+its position. A resumed run therefore only needs the step number to continue the exact stream
+(no shuffle buffer in the checkpoint).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from model.tfrecords import decode_example
+
+AUTOTUNE = tf.data.AUTOTUNE
+# Records held by the shuffle buffer: the whole training set up to this size (uniform shuffle).
+MAX_SHUFFLE_BUFFER = 50_000
+
+
+@dataclass(frozen=True)
+class Distortions:
+    """Training distortions (the tutorial's: 24x24 crop, flip, brightness 63, contrast 0.2-1.8)."""
+
+    crop_size: int | None = 24
+    random_flip: bool = True
+    brightness_delta: float = 63.0
+    contrast_lower: float = 0.2
+    contrast_upper: float = 1.8
+
+    @classmethod
+    def from_config(cls, config) -> Distortions:
+        return cls(config.crop_size, config.random_flip, config.brightness_delta,
+                   config.contrast_lower, config.contrast_upper)
+
+
+def network_input_shape(image_shape: Sequence[int], crop_size: int | None) -> tuple[int, int, int]:
+    """(H, W, C) the network sees: the crop, or the full image."""
+    height, width, channels = (int(size) for size in image_shape)
+    if crop_size is None:
+        return height, width, channels
+    return crop_size, crop_size, channels
+
+
+def distort(image: tf.Tensor, seed: tf.Tensor, distortions: Distortions) -> tf.Tensor:
+    """uint8 (H, W, C) -> float32 (crop, crop, C) distorted and standardised; `seed` int64 [2]."""
+    crop_seed, flip_seed, brightness_seed, contrast_seed = tf.unstack(
+        tf.random.experimental.stateless_split(seed, 4)
+    )
+    image = tf.cast(image, tf.float32)
+    if distortions.crop_size is not None:
+        channels = image.shape[-1]
+        size = [distortions.crop_size, distortions.crop_size, channels]
+        image = tf.image.stateless_random_crop(image, size, crop_seed)
+    if distortions.random_flip:
+        image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+    if distortions.brightness_delta > 0:
+        image = tf.image.stateless_random_brightness(
+            image, distortions.brightness_delta, brightness_seed
+        )
+    lower, upper = distortions.contrast_lower, distortions.contrast_upper
+    if lower < upper:
+        image = tf.image.stateless_random_contrast(image, lower, upper, contrast_seed)
+    elif lower != 1.0:
+        image = tf.image.adjust_contrast(image, lower)
+    return tf.image.per_image_standardization(image)
+
+
+def evaluation_image(image: tf.Tensor, crop_size: int | None) -> tf.Tensor:
+    """uint8 (H, W, C) -> float32 central crop, standardised (the tutorial's eval input)."""
+    image = tf.cast(image, tf.float32)
+    if crop_size is not None:
+        image = tf.image.resize_with_crop_or_pad(image, crop_size, crop_size)
+    return tf.image.per_image_standardization(image)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """How a training split of `examples` is cut into global batches for `towers` towers."""
+
+    examples: int
+    global_batch: int
+    towers: int
+
+    @property
+    def used_examples(self) -> int:
+        """All examples, unless the last partial batch is smaller than the tower count."""
+        remainder = self.examples % self.global_batch
+        return self.examples if remainder >= self.towers else self.examples - remainder
+
+    @property
+    def steps(self) -> int:
+        return -(-self.used_examples // self.global_batch)
+
+
+def _records(files: Sequence[str]) -> tf.data.Dataset:
+    # Reading shards in parallel keeps a fixed (round-robin) order: deterministic.
+    return tf.data.TFRecordDataset(list(files), num_parallel_reads=min(len(files), 8))
+
+
+def train_dataset(
+    files: Sequence[str],
+    image_shape: Sequence[int],
+    plan: EpochPlan,
+    distortions: Distortions,
+    seed: int,
+    epoch: int,
+    start_step: int = 0,
+) -> tf.data.Dataset:
+    """Epoch `epoch`'s batches from step `start_step` on: (images (B, h, w, C) f32, labels (B,))."""
+    shape = [int(size) for size in image_shape]
+    stream_seed = seed * 1_000_003 + epoch  # a fresh order every epoch, the same on resume
+
+    def prepare(index: tf.Tensor, record: tf.Tensor):
+        image, label = decode_example(record, shape)
+        example_seed = tf.stack([tf.constant(stream_seed, tf.int64), index])
+        return distort(image, example_seed, distortions), label
+
+    records = _records(files).shuffle(
+        min(plan.examples, MAX_SHUFFLE_BUFFER), seed=stream_seed, reshuffle_each_iteration=False
+    )
+    return (
+        records.take(plan.used_examples)
+        .enumerate()
+        .skip(start_step * plan.global_batch)
+        .map(prepare, num_parallel_calls=AUTOTUNE)
+        .batch(plan.global_batch)
+        .prefetch(AUTOTUNE)
+    )
+
+
+def evaluation_dataset(
+    files: Sequence[str], image_shape: Sequence[int], crop_size: int | None, batch: int
+) -> tf.data.Dataset:
+    """Every example exactly once, in fixed-size batches: (images, labels, mask).
+
+    The final partial batch is padded to `batch` (label -1, mask False), so one compiled
+    evaluation function serves every batch and padding is never counted.
+    """
+    shape = [int(size) for size in image_shape]
+
+    def prepare(record: tf.Tensor):
+        image, label = decode_example(record, shape)
+        return evaluation_image(image, crop_size), label
+
+    def pad(images: tf.Tensor, labels: tf.Tensor):
+        missing = batch - tf.shape(labels)[0]
+        images = tf.pad(images, [[0, missing], [0, 0], [0, 0], [0, 0]])
+        labels = tf.pad(labels, [[0, missing]], constant_values=-1)
+        images.set_shape([batch, *images.shape[1:]])
+        labels.set_shape([batch])
+        return images, labels, labels >= 0
+
+    return (
+        _records(files)
+        .map(prepare, num_parallel_calls=AUTOTUNE)
+        .batch(batch)
+        .map(pad, num_parallel_calls=AUTOTUNE)
+        .prefetch(AUTOTUNE)
+    )

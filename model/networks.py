@@ -1,0 +1,146 @@
+"""The networks: the TensorFlow CIFAR-10 tutorial's CNN and ResNet-20 (He et al. 2016).
+
+Each builder returns a `Network`: the Keras model (logits out) and the kernels that L2 weight decay
+applies to, because the tutorial decays only its two hidden fully-connected layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import keras
+import tensorflow as tf
+
+NETWORK_NAMES = ("tutorial", "resnet20")
+
+
+@dataclass
+class Network:
+    """A Keras model producing logits, and the variables weight decay applies to."""
+
+    model: keras.Model
+    decayed_variables: list[keras.Variable]
+
+
+@keras.saving.register_keras_serializable(package="towerbench")
+class LocalResponseNormalization(keras.layers.Layer):
+    """tf.nn.local_response_normalization over channels, as in AlexNet and the tutorial."""
+
+    def __init__(self, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75, **kwargs):
+        super().__init__(**kwargs)
+        self.depth_radius, self.bias, self.alpha, self.beta = depth_radius, bias, alpha, beta
+
+    def call(self, inputs):
+        return tf.nn.local_response_normalization(
+            inputs, depth_radius=self.depth_radius, bias=self.bias, alpha=self.alpha,
+            beta=self.beta,
+        )
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "depth_radius": self.depth_radius, "bias": self.bias,
+            "alpha": self.alpha, "beta": self.beta,
+        }
+
+
+@keras.saving.register_keras_serializable(package="towerbench")
+class SubsampleAndPad(keras.layers.Layer):
+    """ResNet option-A shortcut: take every `stride`-th pixel, zero-pad the new channels."""
+
+    def __init__(self, stride: int, extra_channels: int, **kwargs):
+        super().__init__(**kwargs)
+        self.stride, self.extra_channels = stride, extra_channels
+
+    def call(self, inputs):
+        subsampled = inputs[:, :: self.stride, :: self.stride, :]
+        half = self.extra_channels // 2
+        return tf.pad(subsampled, [[0, 0], [0, 0], [0, 0], [half, self.extra_channels - half]])
+
+    def get_config(self):
+        return {**super().get_config(), "stride": self.stride,
+                "extra_channels": self.extra_channels}
+
+
+def _truncated(stddev: float, seed: int) -> keras.initializers.Initializer:
+    return keras.initializers.TruncatedNormal(stddev=stddev, seed=seed)
+
+
+def tutorial_network(input_shape: Sequence[int], num_classes: int, seed: int) -> Network:
+    """The CIFAR-10 tutorial's CNN (cifar10.py `inference`): 1,068,298 parameters on 24x24x3."""
+    conv = keras.layers.Conv2D
+    dense = keras.layers.Dense
+    conv1 = conv(64, 5, padding="same", activation="relu", name="conv1",
+                 kernel_initializer=_truncated(5e-2, seed), bias_initializer="zeros")
+    conv2 = conv(64, 5, padding="same", activation="relu", name="conv2",
+                 kernel_initializer=_truncated(5e-2, seed + 1),
+                 bias_initializer=keras.initializers.Constant(0.1))
+    local3 = dense(384, activation="relu", name="local3",
+                   kernel_initializer=_truncated(0.04, seed + 2),
+                   bias_initializer=keras.initializers.Constant(0.1))
+    local4 = dense(192, activation="relu", name="local4",
+                   kernel_initializer=_truncated(0.04, seed + 3),
+                   bias_initializer=keras.initializers.Constant(0.1))
+    softmax_linear = dense(num_classes, name="softmax_linear",
+                           kernel_initializer=_truncated(1 / 192.0, seed + 4),
+                           bias_initializer="zeros")
+
+    inputs = keras.Input(shape=tuple(input_shape), name="images")  # (B, H, W, C) standardised
+    x = conv1(inputs)
+    x = keras.layers.MaxPooling2D(3, 2, padding="same", name="pool1")(x)
+    x = LocalResponseNormalization(name="norm1")(x)
+    x = conv2(x)
+    x = LocalResponseNormalization(name="norm2")(x)
+    x = keras.layers.MaxPooling2D(3, 2, padding="same", name="pool2")(x)
+    x = keras.layers.Flatten(name="flatten")(x)  # (B, ceil(H/4) * ceil(W/4) * 64)
+    x = local4(local3(x))
+    logits = softmax_linear(x)
+    model = keras.Model(inputs, logits, name="tutorial")
+    # The tutorial puts weight decay 0.004 on local3 and local4 only.
+    return Network(model, [local3.kernel, local4.kernel])
+
+
+def resnet20_network(input_shape: Sequence[int], num_classes: int, seed: int) -> Network:
+    """ResNet-20 for CIFAR (He et al. 2016, section 4.2): 3 stages x 3 basic blocks, option-A
+    shortcuts, BatchNorm. In towers each BatchNorm normalises with its own tower's batch."""
+    seeds = iter(range(seed, seed + 100))
+    kernels: list[keras.layers.Layer] = []
+
+    def conv_bn(x, filters: int, stride: int, name: str, relu: bool = True):
+        layer = keras.layers.Conv2D(
+            filters, 3, strides=stride, padding="same", use_bias=False, name=name,
+            kernel_initializer=keras.initializers.HeNormal(seed=next(seeds)),
+        )
+        kernels.append(layer)
+        x = layer(x)
+        x = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name=name + "_bn")(x)
+        return keras.layers.ReLU(name=name + "_relu")(x) if relu else x
+
+    inputs = keras.Input(shape=tuple(input_shape), name="images")
+    x = conv_bn(inputs, 16, 1, "conv0")
+    channels = 16
+    for stage, filters in enumerate((16, 32, 64)):
+        for block in range(3):
+            stride = 2 if stage > 0 and block == 0 else 1
+            name = f"stage{stage + 1}_block{block + 1}"
+            y = conv_bn(x, filters, stride, name + "_conv1")
+            y = conv_bn(y, filters, 1, name + "_conv2", relu=False)
+            if stride != 1 or channels != filters:
+                x = SubsampleAndPad(stride, filters - channels, name=name + "_shortcut")(x)
+            x = keras.layers.ReLU(name=name + "_out")(keras.layers.Add(name=name + "_add")([x, y]))
+            channels = filters
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    head = keras.layers.Dense(num_classes, name="logits",
+                              kernel_initializer=keras.initializers.HeNormal(seed=next(seeds)))
+    kernels.append(head)
+    model = keras.Model(inputs, head(x), name="resnet20")
+    return Network(model, [layer.kernel for layer in kernels])
+
+
+def build_network(name: str, input_shape: Sequence[int], num_classes: int, seed: int) -> Network:
+    """Build network `name` for images of `input_shape` (H, W, C) and `num_classes` classes."""
+    builders = {"tutorial": tutorial_network, "resnet20": resnet20_network}
+    if name not in builders:
+        raise ValueError(f"unknown network {name!r}; choose one of {', '.join(NETWORK_NAMES)}")
+    return builders[name](input_shape, num_classes, seed)

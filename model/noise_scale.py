@@ -1,0 +1,51 @@
+"""Gradient noise scale B_simple (McCandlish et al. 2018, appendix A.1) from tower gradients.
+
+Towers give two batch sizes for free each step: every tower's gradient (B_small = per-tower
+batch) and the combined one (B_big = global batch). Unbiased estimates:
+    |G|^2   = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
+    tr(S)   = (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)
+Each is smoothed with a bias-corrected exponential moving average before dividing,
+B_simple = tr(S) / |G|^2, because the per-step ratio is far too noisy (and often negative).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+NOISE_EMA_DECAY = 0.99
+
+
+def noise_estimates(
+    small_norm_sq: float, big_norm_sq: float, batch_small: float, batch_big: float
+) -> tuple[float, float]:
+    """(|G|^2, tr(Sigma)) estimated from one step's squared gradient norms (floats or tensors)."""
+    if batch_big <= batch_small:
+        raise ValueError(f"B_big ({batch_big}) must exceed B_small ({batch_small})")
+    true_sq = (batch_big * big_norm_sq - batch_small * small_norm_sq) / (batch_big - batch_small)
+    trace = (small_norm_sq - big_norm_sq) / (1.0 / batch_small - 1.0 / batch_big)
+    return true_sq, trace
+
+
+class NoiseScaleEstimator(tf.Module):
+    """Exponential moving averages of |G|^2 and tr(Sigma), updated inside the training step."""
+
+    def __init__(self, decay: float = NOISE_EMA_DECAY, name: str = "noise_scale"):
+        super().__init__(name=name)
+        self.decay = decay
+        self.true_sq = tf.Variable(0.0, trainable=False, name="true_sq_ema")
+        self.trace = tf.Variable(0.0, trainable=False, name="trace_ema")
+        self.updates = tf.Variable(0.0, trainable=False, name="updates")
+
+    def update(self, small_norm_sq, big_norm_sq, batch_small: float, batch_big: float) -> None:
+        true_sq, trace = noise_estimates(small_norm_sq, big_norm_sq, batch_small, batch_big)
+        self.true_sq.assign(self.decay * self.true_sq + (1.0 - self.decay) * true_sq)
+        self.trace.assign(self.decay * self.trace + (1.0 - self.decay) * trace)
+        self.updates.assign_add(1.0)
+
+    def value(self) -> float:
+        """B_simple from the bias-corrected averages; NaN before the first update."""
+        # Both averages start at 0 and share one bias correction, which cancels in the ratio.
+        true_sq = float(self.true_sq.numpy())
+        if float(self.updates.numpy()) == 0 or true_sq == 0:
+            return float("nan")
+        return float(self.trace.numpy()) / true_sq

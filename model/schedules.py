@@ -1,0 +1,103 @@
+"""Learning-rate policy counted in epochs, so the number of towers never changes its shape.
+
+peak LR = base_lr * (global_batch / reference_batch) ** {none: 0, linear: 1, sqrt: 1/2}.
+Warmup (Goyal et al. 2017): linear from base_lr to the peak over `warmup_epochs`.
+Decay multiplies the (warmed-up) LR: staircase (x decay_factor every decay_epochs, the tutorial's
+x0.1 every 350 epochs), piecewise (x decay_factor at each boundary epoch), cosine (to 0 at the
+last epoch, starting after warmup) or constant.
+The optimizer's step counter is turned into epochs with `steps_per_epoch`, so a checkpointed
+step resumes the schedule exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import keras
+import tensorflow as tf
+
+SCALING_EXPONENTS = {"none": 0.0, "linear": 1.0, "sqrt": 0.5}
+
+
+def scaled_learning_rate(
+    base_lr: float, global_batch: int, reference_batch: int, rule: str
+) -> float:
+    """The peak learning rate for `global_batch` under scaling `rule`."""
+    if rule not in SCALING_EXPONENTS:
+        raise ValueError(f"unknown lr scaling {rule!r}; choose none, linear or sqrt")
+    return base_lr * (global_batch / reference_batch) ** SCALING_EXPONENTS[rule]
+
+
+@dataclass(frozen=True)
+class EpochSchedule:
+    """The learning rate as a function of (fractional) epochs."""
+
+    base_lr: float
+    peak_lr: float
+    warmup_epochs: float
+    decay: str
+    total_epochs: float
+    decay_epochs: float = 350.0
+    decay_factor: float = 0.1
+    decay_boundaries: Sequence[float] = ()
+
+    def __call__(self, epoch: tf.Tensor | float) -> tf.Tensor:
+        """LR at `epoch` (float32 tensor); works in graphs and eagerly."""
+        epoch = tf.cast(epoch, tf.float32)
+        if self.warmup_epochs > 0:
+            progress = tf.minimum(epoch / self.warmup_epochs, 1.0)
+            lr = self.base_lr + (self.peak_lr - self.base_lr) * progress
+        else:
+            lr = tf.constant(self.peak_lr, tf.float32)
+        return lr * self._decay_multiplier(epoch)
+
+    def _decay_multiplier(self, epoch: tf.Tensor) -> tf.Tensor:
+        if self.decay == "constant":
+            return tf.constant(1.0)
+        if self.decay == "staircase":
+            return self.decay_factor ** tf.floor(epoch / self.decay_epochs)
+        if self.decay == "piecewise":
+            passed = tf.add_n(
+                [tf.cast(epoch >= boundary, tf.float32) for boundary in self.decay_boundaries]
+                or [tf.constant(0.0)]
+            )
+            return self.decay_factor**passed
+        if self.decay == "cosine":
+            span = max(self.total_epochs - self.warmup_epochs, 1e-9)
+            progress = tf.clip_by_value((epoch - self.warmup_epochs) / span, 0.0, 1.0)
+            return 0.5 * (1.0 + tf.cos(math.pi * progress))
+        raise ValueError(f"unknown decay {self.decay!r}")
+
+
+@keras.saving.register_keras_serializable(package="towerbench")
+class StepSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Adapts an `EpochSchedule` to the optimizer's step counter."""
+
+    def __init__(self, schedule: EpochSchedule, steps_per_epoch: float):
+        self.schedule = schedule
+        self.steps_per_epoch = float(steps_per_epoch)
+
+    def __call__(self, step):
+        return self.schedule(tf.cast(step, tf.float32) / self.steps_per_epoch)
+
+    def get_config(self):
+        return {"steps_per_epoch": self.steps_per_epoch, **self.schedule.__dict__}
+
+
+def schedule_from_config(config, global_batch: int | None = None) -> EpochSchedule:
+    """The `EpochSchedule` a TrainConfig describes (optionally at another global batch)."""
+    batch = config.global_batch if global_batch is None else global_batch
+    return EpochSchedule(
+        base_lr=config.base_lr,
+        peak_lr=scaled_learning_rate(
+            config.base_lr, batch, config.reference_batch, config.lr_scaling
+        ),
+        warmup_epochs=config.warmup_epochs,
+        decay=config.decay,
+        total_epochs=config.epochs,
+        decay_epochs=config.decay_epochs,
+        decay_factor=config.decay_factor,
+        decay_boundaries=tuple(config.decay_boundaries),
+    )

@@ -1,0 +1,87 @@
+"""Expand a sweep into the distinct training runs it asks for, and name each run."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from pydantic import ValidationError
+
+from model.config import SweepConfig, TrainConfig
+from model.errors import TowerbenchError
+
+
+def canonical(config: TrainConfig) -> TrainConfig:
+    """The same run with settings that cannot matter set to one value, so duplicates collapse.
+
+    - one tower: the sum of one gradient is its mean;
+    - global batch = reference batch: every scaling rule gives factor 1;
+    - no scaling: warmup goes from base_lr to base_lr, i.e. it does nothing.
+    """
+    updates: dict[str, Any] = {}
+    if config.towers == 1:
+        updates["aggregation"] = "mean"
+    if config.global_batch == config.reference_batch:
+        updates["lr_scaling"] = "none"
+    if updates.get("lr_scaling", config.lr_scaling) == "none":
+        updates["warmup_epochs"] = 0.0
+    return config.model_copy(update=updates)
+
+
+def swept_fields(sweep: SweepConfig) -> list[str]:
+    """Training fields besides the named axes that this sweep varies."""
+    return [name for name, values in sweep.grid if values is not None]
+
+
+def expand(sweep: SweepConfig) -> list[TrainConfig]:
+    """One TrainConfig per distinct run in the product of the sweep's lists, in a stable order."""
+    axes: dict[str, list[Any]] = {
+        "towers": sweep.towers,
+        "aggregation": sweep.aggregation,
+        "lr_scaling": sweep.lr_scaling,
+        "warmup_epochs": sweep.warmup_epochs,
+        "seed": sweep.seeds,
+    }
+    axes.update({name: getattr(sweep.grid, name) for name in swept_fields(sweep)})
+    if sweep.per_tower_batch is not None and "global_batch" in axes:
+        raise TowerbenchError("sweep: give either per_tower_batch or grid.global_batch, not both")
+    base = sweep.base.model_dump()
+    runs: list[TrainConfig] = []
+    seen: set[str] = set()
+    for combination in itertools.product(*axes.values()):
+        values = dict(zip(axes, combination, strict=True))
+        if sweep.per_tower_batch is not None:
+            values["global_batch"] = values["towers"] * sweep.per_tower_batch
+        try:
+            config = canonical(TrainConfig.model_validate({**base, **values}))
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(map(str, item['loc']))}: {item['msg']}" for item in error.errors()
+            )
+            raise TowerbenchError(f"sweep: run {values} is invalid: {problems}") from None
+        key = config.model_dump_json()
+        if key not in seen:
+            seen.add(key)
+            runs.append(config)
+    return runs
+
+
+def _format(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def group_name(config: TrainConfig, extra_fields: list[str] | tuple[str, ...] = ()) -> str:
+    """`towers=4 agg=mean lr=linear warmup=2` (+ any other swept field): one configuration."""
+    parts = [
+        f"towers={config.towers}",
+        f"agg={config.aggregation}",
+        f"lr={config.lr_scaling}",
+        f"warmup={_format(config.warmup_epochs)}",
+    ]
+    parts += [f"{name}={_format(getattr(config, name))}" for name in extra_fields]
+    return " ".join(parts)
+
+
+def run_name(config: TrainConfig, extra_fields: list[str] | tuple[str, ...] = ()) -> str:
+    """`towers=4 agg=mean lr=linear warmup=2 seed=1`: one configuration with one seed."""
+    return f"{group_name(config, extra_fields)} seed={config.seed}"

@@ -1,0 +1,221 @@
+"""The tower step: k replicas of the network, one per device, and one optimizer step.
+
+Variables live on the parameter device. Each step the global batch is split into k shards; tower
+t computes, on its own device, the gradient of its shard's cross-entropy
+    loss_t = sum(cross_entropy over shard t) / (B / k)
+(the shard mean when shards are equal). The k gradients are combined on the parameter device:
+    mean: (1/k) sum_t grad_t  = gradient of the global batch's mean loss (the tutorial, Horovod)
+    sum:        sum_t grad_t  = k x that (tf.distribute without global-batch loss scaling).
+Weight decay (weight_decay * w, the gradient of weight_decay * tf.nn.l2_loss(w)) is added once,
+after combining (Goyal et al. 2017, remark 1), and one optimizer step is applied. BatchNorm layers
+normalise with each tower's own batch; their moving statistics become the towers' average.
+
+The whole step is one `tf.function`: the Python loop over towers runs only while tracing. Metrics
+accumulate in variables so the hot loop never waits for a host read.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import keras
+import tensorflow as tf
+
+from model.devices import TowerDevices
+from model.networks import Network
+from model.noise_scale import NoiseScaleEstimator
+
+
+def shard_sizes(batch: int, towers: int) -> list[int]:
+    """Split `batch` examples over `towers` as evenly as possible (first shards get the extra)."""
+    if batch < towers:
+        raise ValueError(f"a batch of {batch} cannot feed {towers} towers")
+    base, extra = divmod(batch, towers)
+    return [base + 1 if index < extra else base for index in range(towers)]
+
+
+class TowerGradients(NamedTuple):
+    """One step's combined gradients and what the metrics need."""
+
+    data_gradients: list[tf.Tensor]  # combined with `aggregation`, no weight decay
+    cross_entropy_sum: tf.Tensor  # summed over every example of the global batch
+    correct: tf.Tensor  # correctly classified examples
+    non_trainable_values: list[tf.Tensor]  # BatchNorm statistics averaged over towers
+    small_norm_sq: tf.Tensor  # mean over towers of |grad_t|^2 (per-tower-batch gradient)
+    big_norm_sq: tf.Tensor  # |mean_t grad_t|^2 (global-batch gradient)
+
+
+def _squared_norm(tensors: list[tf.Tensor]) -> tf.Tensor:
+    return tf.add_n([tf.reduce_sum(tf.square(tensor)) for tensor in tensors])
+
+
+class TowerTrainer:
+    """Owns the tower step of one network on a set of tower devices."""
+
+    def __init__(
+        self,
+        network: Network,
+        optimizer: keras.optimizers.Optimizer,
+        devices: TowerDevices,
+        aggregation: str = "mean",
+        weight_decay: float = 0.0,
+        ema_decay: float | None = None,
+        jit_compile: bool = False,
+    ):
+        if aggregation not in ("mean", "sum"):
+            raise ValueError(f"aggregation must be mean or sum, got {aggregation!r}")
+        self.model = network.model
+        self.optimizer = optimizer
+        self.devices = devices
+        self.aggregation = aggregation
+        self.weight_decay = weight_decay
+        self.ema_decay = ema_decay
+        self.trainable = list(self.model.trainable_variables)
+        self.non_trainable = list(self.model.non_trainable_variables)
+        decayed = {id(variable) for variable in network.decayed_variables}
+        self.decayed_mask = [id(variable) in decayed for variable in self.trainable]
+        with tf.device(devices.parameter_device):
+            self.optimizer.build(self.trainable)
+            # The tutorial's EMA of the weights, evaluated alongside the raw weights.
+            self.ema_weights = [
+                tf.Variable(variable.value, trainable=False, name="ema")
+                for variable in self.trainable
+            ]
+            self.noise = NoiseScaleEstimator()
+            self.cross_entropy_sum = tf.Variable(0.0, trainable=False, dtype=tf.float64)
+            self.correct = tf.Variable(0, trainable=False, dtype=tf.int64)
+            self.examples = tf.Variable(0, trainable=False, dtype=tf.int64)
+            self.last_loss = tf.Variable(0.0, trainable=False)
+            self.weight_decay_loss = tf.Variable(0.0, trainable=False)
+        # XLA compiles each tower's forward and backward pass (one cluster per device).
+        self._tower = tf.function(self._tower_pass, jit_compile=True) if jit_compile else (
+            self._tower_pass
+        )
+        self.step = tf.function(self._step)
+        self.gradients = tf.function(self._gradients)
+
+    @property
+    def towers(self) -> int:
+        return len(self.devices.devices)
+
+    def _tower_pass(self, weights, non_trainable, images, labels, normalizer):
+        """One tower: forward, cross-entropy, backward. Shapes: images (b, H, W, C), labels (b,)."""
+        with tf.GradientTape() as tape:
+            tape.watch(weights)
+            logits, new_non_trainable = self.model.stateless_call(
+                weights, non_trainable, images, training=True
+            )
+            cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+            loss = tf.reduce_sum(cross_entropy) / normalizer
+        gradients = tape.gradient(loss, weights)
+        hits = tf.equal(tf.argmax(logits, -1, tf.int32), labels)
+        correct = tf.reduce_sum(tf.cast(hits, tf.int64))
+        return gradients, tf.reduce_sum(cross_entropy), correct, new_non_trainable
+
+    def _gradients(self, images: tf.Tensor, labels: tf.Tensor) -> TowerGradients:
+        """Every tower's gradient of its shard, combined on the parameter device."""
+        batch = int(images.shape[0])
+        sizes = shard_sizes(batch, self.towers)
+        normalizer = tf.constant(batch / self.towers, tf.float32)
+        with tf.device(self.devices.parameter_device):
+            # Read each variable once; every tower consumes the same tensor.
+            weights = [tf.convert_to_tensor(v.value) for v in self.trainable]
+            non_trainable = [tf.convert_to_tensor(v.value) for v in self.non_trainable]
+        image_shards = tf.split(images, sizes)
+        label_shards = tf.split(labels, sizes)
+        results = []
+        for device, shard_images, shard_labels in zip(
+            self.devices.devices, image_shards, label_shards, strict=True
+        ):
+            with tf.device(device):
+                results.append(
+                    self._tower(weights, non_trainable, shard_images, shard_labels, normalizer)
+                )
+        tower_gradients, tower_losses, tower_correct, tower_non_trainable = zip(
+            *results, strict=True
+        )
+        with tf.device(self.devices.parameter_device):
+            summed = [tf.add_n(list(grads)) for grads in zip(*tower_gradients, strict=True)]
+            mean = [gradient / self.towers for gradient in summed]
+            if self.towers > 1:
+                small = tf.add_n([_squared_norm(list(g)) for g in tower_gradients]) / self.towers
+                big = _squared_norm(mean)
+            else:
+                small = big = tf.constant(0.0)
+            averaged_state = [
+                tf.add_n(list(values)) / self.towers
+                for values in zip(*tower_non_trainable, strict=True)
+            ]
+            return TowerGradients(
+                data_gradients=mean if self.aggregation == "mean" else summed,
+                cross_entropy_sum=tf.add_n(list(tower_losses)),
+                correct=tf.add_n(list(tower_correct)),
+                non_trainable_values=averaged_state,
+                small_norm_sq=small,
+                big_norm_sq=big,
+            )
+
+    def weight_decay_terms(self) -> tuple[tf.Tensor, list[tf.Tensor | None]]:
+        """(weight_decay * sum of tf.nn.l2_loss(w), its gradient weight_decay * w per variable)."""
+        terms = [
+            self.weight_decay * variable.value if decayed else None
+            for variable, decayed in zip(self.trainable, self.decayed_mask, strict=True)
+        ]
+        loss = tf.add_n(
+            [tf.nn.l2_loss(variable.value)
+             for variable, decayed in zip(self.trainable, self.decayed_mask, strict=True)
+             if decayed] or [tf.constant(0.0)]
+        )
+        return self.weight_decay * loss, terms
+
+    def _step(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        """One training step on a global batch; returns the step's total loss."""
+        batch = int(images.shape[0])
+        combined = self._gradients(images, labels)
+        with tf.device(self.devices.parameter_device):
+            decay_loss, decay_gradients = self.weight_decay_terms()
+            gradients = [
+                gradient if extra is None else gradient + extra
+                for gradient, extra in zip(combined.data_gradients, decay_gradients, strict=True)
+            ]
+            self.optimizer.apply(gradients, self.trainable)
+            for variable, value in zip(self.non_trainable, combined.non_trainable_values,
+                                       strict=True):
+                variable.assign(value)
+            if self.ema_decay is not None:
+                self._update_ema()
+            if self.towers > 1 and batch % self.towers == 0:
+                self.noise.update(
+                    combined.small_norm_sq, combined.big_norm_sq, batch // self.towers, batch
+                )
+            cross_entropy = combined.cross_entropy_sum / batch
+            total = cross_entropy + decay_loss
+            self.cross_entropy_sum.assign_add(tf.cast(combined.cross_entropy_sum, tf.float64))
+            self.correct.assign_add(combined.correct)
+            self.examples.assign_add(batch)
+            self.weight_decay_loss.assign(decay_loss)
+            self.last_loss.assign(total)
+            return total
+
+    def _update_ema(self) -> None:
+        # tf.train.ExponentialMovingAverage with num_updates: early steps average faster.
+        steps = tf.cast(self.optimizer.iterations, tf.float32)
+        decay = tf.minimum(self.ema_decay, (1.0 + steps) / (10.0 + steps))
+        for average, variable in zip(self.ema_weights, self.trainable, strict=True):
+            average.assign_sub((1.0 - decay) * (average - variable.value))
+
+    def reset_metrics(self) -> None:
+        for accumulator in (self.cross_entropy_sum, self.correct, self.examples):
+            accumulator.assign(tf.zeros_like(accumulator))
+
+    def read_metrics(self) -> dict[str, float]:
+        """Mean cross-entropy and accuracy since the last reset, the last step's weight decay."""
+        examples = max(int(self.examples.numpy()), 1)
+        cross_entropy = float(self.cross_entropy_sum.numpy()) / examples
+        decay_loss = float(self.weight_decay_loss.numpy())
+        return {
+            "cross_entropy": cross_entropy,
+            "weight_decay_loss": decay_loss,
+            "total_loss": cross_entropy + decay_loss,
+            "train_accuracy": float(self.correct.numpy()) / examples,
+        }

@@ -1,0 +1,126 @@
+"""Evaluation artifacts of one configuration run, logged into its (active) MLflow run.
+
+Runs inside the training process, where the trained model lives: the model is logged, loaded back
+from MLflow and evaluated again on the test split (proving the logged model is the trained one),
+then the confusion matrix, the learning curves and the gradient check are logged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: figures only go to files
+
+import matplotlib.pyplot as plt  # noqa: E402
+import mlflow  # noqa: E402
+import numpy as np  # noqa: E402
+
+from model.input_pipeline import evaluation_dataset  # noqa: E402
+from model.tfrecords import dataset_dir, load_manifest, split_files  # noqa: E402
+
+MODEL_NAME = "model"
+EVALUATION_BATCH = 256
+
+
+def log_data_input(data_dir: Path, dataset: str, data_version: str) -> None:
+    """Record the dataset with its DVC content hash as the digest (MLflow's dataset version)."""
+    folder = dataset_dir(data_dir, dataset)
+    manifest = load_manifest(folder)
+    # A one-example placeholder: MLflow profiles the array; the digest identifies the data.
+    placeholder = np.zeros([1, *manifest.image_shape], dtype=np.uint8)
+    # MLflow digests hold at most 36 characters: a DVC `<md5>.dir` fits, a prefixed one is cut.
+    digest = data_version if len(data_version) <= 36 else data_version.rsplit(":", 1)[-1][:36]
+    data = mlflow.data.from_numpy(
+        placeholder, source=str(folder.resolve()), name=dataset, digest=digest
+    )
+    mlflow.log_input(data, context="training")
+
+
+def learning_curves_figure(history: list[dict[str, float]]) -> plt.Figure:
+    """Accuracy and loss per epoch."""
+    epochs = [row["epoch"] for row in history]
+    figure, (accuracy_axis, loss_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    for key in ("train_accuracy", "test_accuracy", "ema_test_accuracy"):
+        accuracy_axis.plot(epochs, [row.get(key, np.nan) for row in history], label=key)
+    for key in ("cross_entropy", "weight_decay_loss", "total_loss"):
+        loss_axis.plot(epochs, [row.get(key, np.nan) for row in history], label=key)
+    accuracy_axis.set(xlabel="epoch", ylabel="accuracy", title="Accuracy")
+    loss_axis.set(xlabel="epoch", ylabel="loss", title="Loss (mean over all towers)")
+    accuracy_axis.legend()
+    loss_axis.legend()
+    figure.tight_layout()
+    return figure
+
+
+def confusion_matrix_figure(matrix: np.ndarray, classes: list[str]) -> plt.Figure:
+    size = max(4.0, 0.5 * len(classes))
+    figure, axis = plt.subplots(figsize=(size, size))
+    axis.imshow(matrix, cmap="Blues")
+    axis.set_xticks(range(len(classes)), classes, rotation=90)
+    axis.set_yticks(range(len(classes)), classes)
+    axis.set(xlabel="predicted", ylabel="true", title="Confusion matrix (test split)")
+    figure.tight_layout()
+    return figure
+
+
+def log_model(model: Any) -> str:
+    """Log the Keras model (a `.keras` file under Logged Models); returns its model URI."""
+    import tensorflow as tf
+
+    info = mlflow.keras.log_model(
+        model,
+        name=MODEL_NAME,
+        # Spelled out: inferring requirements would load the model once more in a subprocess.
+        pip_requirements=[f"tensorflow=={tf.__version__}"],
+    )
+    return info.model_uri
+
+
+def test_accuracy(model: Any, config: Any, data_dir: Path) -> float:
+    """Accuracy of `model` on every test example once, with the trainer's evaluation input."""
+    folder = dataset_dir(data_dir, config.dataset)
+    manifest = load_manifest(folder)
+    files = split_files(folder, manifest, "test")
+    correct = total = 0
+    for images, labels, mask in evaluation_dataset(
+        files, manifest.image_shape, config.crop_size, EVALUATION_BATCH
+    ):
+        predicted = np.argmax(model(images, training=False), axis=-1)  # (batch,)
+        valid = mask.numpy()  # padding at the end of the last batch is not counted
+        correct += int(np.sum(predicted[valid] == labels.numpy()[valid]))
+        total += int(valid.sum())
+    return correct / total
+
+
+def log_evaluation(result: Any, data_dir: Path) -> float | None:
+    """Log model, re-evaluation, confusion matrix, curves and gradcheck; returns the re-evaluated
+    test accuracy (None when the run diverged and there is no meaningful model)."""
+    from model.gradcheck import run_gradcheck
+
+    config = result.config
+    mlflow.log_figure(learning_curves_figure(result.history), "learning_curves.png")
+    plt.close("all")
+    if result.status != "completed":
+        return None
+
+    matrix = np.asarray(result.confusion_matrix)
+    mlflow.log_dict(
+        {"classes": list(result.classes), "matrix": matrix.tolist()}, "confusion_matrix.json"
+    )
+    mlflow.log_figure(confusion_matrix_figure(matrix, list(result.classes)), "confusion_matrix.png")
+    plt.close("all")
+
+    model_uri = log_model(result.model)
+    reloaded = mlflow.keras.load_model(model_uri)
+    accuracy = test_accuracy(reloaded, config, data_dir)
+    mlflow.log_metric("reevaluated_test_accuracy", accuracy)
+    mlflow.set_tag("towerbench.model_uri", model_uri)
+
+    if config.towers >= 2:
+        # On one fixed synthetic batch of the same network, towers and global batch.
+        check = run_gradcheck(config.model, config.towers, config.global_batch, config.seed)
+        mlflow.log_dict(check, "gradcheck.json")
+    return accuracy

@@ -1,0 +1,162 @@
+"""MLflow bookkeeping: where runs go, the sweep's parent run and one nested run per configuration.
+
+Runs are created with an explicit `MlflowClient` rather than the thread-local "active run", so
+tasks running in Prefect's worker threads and training processes never attach to the wrong run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Param, RunStatus, RunTag
+from mlflow.tracking import MlflowClient
+
+from model.config import TrackingConfig, TrainConfig
+from model.errors import TowerbenchError
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+
+KIND_TAG = "towerbench.kind"  # "sweep" on parent runs, "config" on each configuration's run
+FLOW_TAG = "towerbench.flow"  # which flow made a sweep: "sweep", "pipeline" or "benchmark"
+STATUS_TAG = "towerbench.status"  # running | completed | diverged | failed
+ERROR_TAG = "towerbench.error"
+CONFIG_TAG = "towerbench.config"  # the run's TrainConfig as JSON, to rebuild it exactly
+GROUP_TAG = "towerbench.group"  # the configuration without its seed
+DATA_VERSION_TAG = "towerbench.data_version"
+SWEPT_TAG = "towerbench.swept"  # JSON list of the training fields a sweep varied besides its axes
+PARENT_TAG = "mlflow.parentRunId"
+
+
+def resolve_tracking(tracking: TrackingConfig, base_dir: Path | None = None) -> TrackingConfig:
+    """The same settings with an absolute tracking URI and artifact root.
+
+    Order: the given URI, then MLFLOW_TRACKING_URI, then `<base_dir or project>/mlflow.db`. A
+    relative SQLite path is taken relative to `base_dir` (default: the current directory), because
+    a served deployment runs its flows from another working directory.
+    """
+    uri = (
+        tracking.tracking_uri
+        or os.environ.get("MLFLOW_TRACKING_URI")
+        or f"sqlite:///{(base_dir or PROJECT_DIR) / 'mlflow.db'}"
+    )
+    artifact_root = tracking.artifact_root
+    if uri.startswith("sqlite:///"):
+        database = Path(uri.removeprefix("sqlite:///")).expanduser()
+        if not database.is_absolute():
+            database = (base_dir or Path.cwd()) / database
+        database = database.resolve()
+        uri = f"sqlite:///{database}"
+        artifact_root = artifact_root or (database.parent / "mlartifacts").as_uri()
+    elif "://" not in uri:
+        raise TowerbenchError(
+            f"tracking_uri: {uri!r} is not a URI (use sqlite:///path/to/mlflow.db or "
+            "http://host:port)"
+        )
+    return tracking.model_copy(update={"tracking_uri": uri, "artifact_root": artifact_root})
+
+
+def client_for(tracking: TrackingConfig) -> MlflowClient:
+    return MlflowClient(tracking_uri=tracking.tracking_uri)
+
+
+def experiment_name(tracking: TrackingConfig, config: TrainConfig) -> str:
+    return tracking.experiment or f"towerbench-{config.dataset}-{config.model}"
+
+
+def ensure_experiment(tracking: TrackingConfig, name: str) -> str:
+    """The id of experiment `name`, created (with the configured artifact root) if missing."""
+    client = client_for(tracking)
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    return client.create_experiment(name, artifact_location=tracking.artifact_root)
+
+
+def flat_params(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested config values as MLflow params (`grid.epochs` style keys, lists as JSON)."""
+    flat: dict[str, str] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(flat_params(value, f"{prefix}{key}."))
+        elif value is not None and not isinstance(value, str | int | float | bool):
+            flat[prefix + key] = json.dumps(value)
+        else:
+            flat[prefix + key] = str(value)
+    return flat
+
+
+def log_params(tracking: TrackingConfig, run_id: str, params: dict[str, str]) -> None:
+    items = [Param(key, value) for key, value in params.items()]
+    client = client_for(tracking)
+    for start in range(0, len(items), 100):  # MLflow's batch limit
+        client.log_batch(run_id, params=items[start : start + 100])
+
+
+def start_sweep_run(
+    tracking: TrackingConfig,
+    experiment_id: str,
+    name: str,
+    flow: str,
+    params: dict[str, Any],
+    swept: list[str],
+) -> str:
+    """Create the parent run of a sweep and return its id."""
+    run = client_for(tracking).create_run(
+        experiment_id,
+        run_name=name,
+        tags={KIND_TAG: "sweep", FLOW_TAG: flow, SWEPT_TAG: json.dumps(swept)},
+    )
+    log_params(tracking, run.info.run_id, flat_params(params))
+    return run.info.run_id
+
+
+def create_config_run(
+    tracking: TrackingConfig,
+    experiment_id: str,
+    parent_run_id: str,
+    config: TrainConfig,
+    name: str,
+    group: str,
+    data_version: str,
+) -> str:
+    """Create the nested run of one configuration, with every config field as a param."""
+    run = client_for(tracking).create_run(
+        experiment_id,
+        run_name=name,
+        tags={
+            PARENT_TAG: parent_run_id,
+            KIND_TAG: "config",
+            STATUS_TAG: "running",
+            GROUP_TAG: group,
+            CONFIG_TAG: config.model_dump_json(),
+            DATA_VERSION_TAG: data_version,
+        },
+    )
+    params = flat_params(config.model_dump(mode="json"))
+    params["data_version"] = data_version
+    log_params(tracking, run.info.run_id, params)
+    return run.info.run_id
+
+
+def mark_failed(tracking: TrackingConfig, run_id: str, error: str) -> None:
+    """Record a configuration that crashed (or was killed) and close its run as FAILED."""
+    client = client_for(tracking)
+    client.log_batch(
+        run_id, tags=[RunTag(STATUS_TAG, "failed"), RunTag(ERROR_TAG, error[:5000])]
+    )
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+
+
+def finish_sweep_run(tracking: TrackingConfig, run_id: str, failed: bool) -> None:
+    status = RunStatus.FAILED if failed else RunStatus.FINISHED
+    client_for(tracking).set_terminated(run_id, RunStatus.to_string(status))
+
+
+def run_url(tracking: TrackingConfig, experiment_id: str, run_id: str) -> str:
+    """Link to a run in the MLflow UI (a tracking server's own address when there is one)."""
+    uri = tracking.tracking_uri or ""
+    base = uri if uri.startswith(("http://", "https://")) else tracking.ui_url
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"

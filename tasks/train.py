@@ -1,0 +1,112 @@
+"""Train one configuration in its own process and follow it live.
+
+The process (tasks/train_worker.py) logs into the MLflow run created for it; this side relays its
+progress to Prefect (run logger + a progress artifact) and, if the process dies without finishing
+(crash, out-of-memory kill), records the run as failed so the sweep can go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from prefect import get_run_logger, task
+from prefect.artifacts import update_progress_artifact
+
+from model.config import TrackingConfig
+from tasks.tracking import mark_failed
+from tasks.train_worker import EVENT_PREFIX, WorkerRequest
+
+
+def _error_line(log_text: str, returncode: int) -> str:
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    errors = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+    if errors:
+        return errors[-1]
+    if returncode < 0:
+        return f"training process killed by signal {-returncode} (out of memory?)"
+    return lines[-1] if lines else f"training process exited with code {returncode}"
+
+
+def run_training_process(
+    request: WorkerRequest, on_event: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """Run the worker to completion; returns its result, or a `failed` summary with the error."""
+    environment = dict(os.environ, MLFLOW_TRACKING_URI=request.tracking_uri)
+    environment.pop("MLFLOW_RUN_ID", None)  # would override the run id we pass
+    environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tasks.train_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=environment,
+        )
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(request.model_dump_json())
+        process.stdin.close()
+        result: dict[str, Any] | None = None
+        for line in process.stdout:
+            if not line.startswith(EVENT_PREFIX):
+                continue
+            event = json.loads(line.removeprefix(EVENT_PREFIX))
+            if event["event"] == "result":
+                result = event
+            else:
+                on_event(event)
+        returncode = process.wait()
+        log.seek(0)
+        log_text = log.read()
+    if returncode == 0 and result is not None:
+        return {key: value for key, value in result.items() if key != "event"}
+    return {"status": "failed", "error": _error_line(log_text, returncode), "log": log_text}
+
+
+@task(name="train-configuration", task_run_name="train {name}")
+def train_configuration(
+    request: WorkerRequest,
+    name: str,
+    tracking: TrackingConfig,
+    progress_artifact: UUID | None = None,
+    progress_span: tuple[float, float] = (0.0, 100.0),
+) -> dict[str, Any]:
+    """One configuration; never raises for a failed run, it is recorded and returned as failed."""
+    logger = get_run_logger()
+    start, end = progress_span
+    epochs = request.config.epochs
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["event"] == "epoch":
+            logger.info(
+                "%s epoch %.3g: test accuracy %.4f, loss %.4f, %.0f images/s",
+                name,
+                event.get("epoch", float("nan")),
+                event.get("test_accuracy") or float("nan"),
+                event.get("total_loss") or float("nan"),
+                event.get("images_per_sec") or float("nan"),
+            )
+        epoch = event.get("epoch")
+        if progress_artifact is not None and epoch is not None:
+            fraction = min(max(epoch / epochs, 0.0), 1.0)
+            update_progress_artifact(progress_artifact, start + (end - start) * fraction)
+
+    outcome = run_training_process(request, on_event)
+    if outcome["status"] == "failed":
+        mark_failed(tracking, request.run_id, outcome["error"])
+        logger.error("%s failed: %s", name, outcome["error"])
+        outcome.pop("log", None)
+    else:
+        logger.info(
+            "%s %s: test accuracy %.4f", name, outcome["status"], outcome.get("test_accuracy") or 0
+        )
+    if progress_artifact is not None:
+        update_progress_artifact(progress_artifact, end)
+    return {"run_id": request.run_id, "name": name, **outcome}

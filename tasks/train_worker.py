@@ -1,0 +1,147 @@
+"""One configuration's training run in its own process: `python -m tasks.train_worker < request`.
+
+TensorFlow fixes its device layout once per process, and a crash or out-of-memory must not take
+the sweep down, so the sweep starts one of these per configuration. It resumes the MLflow run the
+sweep created for it, logs every epoch's metrics live, then the evaluation artifacts. It reports
+back on stdout with `EVENT_PREFIX` lines; everything else it prints is only log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from model.config import TrainConfig
+from model.errors import TowerbenchError
+
+EVENT_PREFIX = "@@towerbench "
+PROGRESS_INTERVAL_SECONDS = 1.0
+
+
+class WorkerRequest(BaseModel):
+    """What the sweep hands one training process."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: TrainConfig
+    data_dir: Path
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+    run_id: str
+    data_version: str
+
+
+def emit(event: str, values: dict[str, Any]) -> None:
+    """One line for the parent process (finite floats only: JSON has no NaN)."""
+    clean = {
+        key: (value if not isinstance(value, float) or math.isfinite(value) else None)
+        for key, value in values.items()
+    }
+    print(EVENT_PREFIX + json.dumps({"event": event, **clean}), flush=True)
+
+
+# Of the trainer's final summary: these are metrics; effective_lr and the devices are params.
+FINAL_METRICS = (
+    "test_accuracy",
+    "ema_test_accuracy",
+    "test_examples",
+    "images_per_sec",
+    "step_time",
+    "wall_time",
+    "steps",
+    "epochs",
+    "noise_scale",
+)
+# Trainer summary key -> param name (`parameter_device` is already the configured choice).
+FINAL_PARAMS = {
+    "effective_lr": "effective_lr",
+    "device_kind": "device_kind",
+    "parameter_device": "parameter_device_name",
+    "replicas": "replicas",
+    "per_tower_batch": "per_tower_batch",
+}
+
+
+def _numbers(values: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of `values` (epochs without evaluation carry NaN accuracies)."""
+    return {
+        key: float(value)
+        for key, value in values.items()
+        if isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    }
+
+
+def run(request: WorkerRequest) -> dict[str, Any]:
+    """Train, log live, evaluate; returns the summary sent back to the sweep."""
+    import mlflow
+    import tensorflow as tf
+
+    from model.training import train
+    from tasks import evaluate
+    from tasks.tracking import STATUS_TAG
+
+    config = request.config
+    mlflow.log_param("tensorflow_version", tf.__version__)
+    evaluate.log_data_input(request.data_dir, config.dataset, request.data_version)
+
+    last_progress = 0.0
+
+    def on_epoch(metrics: dict[str, float]) -> None:
+        numbers = _numbers(metrics)
+        mlflow.log_metrics(numbers, step=int(numbers.get("step", 0)))
+        emit("epoch", numbers)
+
+    def on_progress(progress: dict[str, float]) -> None:
+        nonlocal last_progress
+        if time.monotonic() - last_progress >= PROGRESS_INTERVAL_SECONDS:
+            last_progress = time.monotonic()
+            emit("progress", _numbers(progress))
+
+    result = train(config, request.data_dir, on_epoch=on_epoch, on_progress=on_progress)
+    final = result.final
+    params = {name: final[key] for key, name in FINAL_PARAMS.items() if key in final}
+    mlflow.log_params({**params, "device_names": ",".join(final["device_names"])})
+    metrics = _numbers({key: final[key] for key in FINAL_METRICS if key in final})
+    mlflow.log_metrics(metrics, step=int(final.get("steps", 0)))
+    reevaluated = evaluate.log_evaluation(result, request.data_dir)
+    mlflow.set_tag(STATUS_TAG, result.status)
+    return {
+        "status": result.status,
+        "test_accuracy": final.get("test_accuracy"),
+        "reevaluated_test_accuracy": reevaluated,
+        "images_per_sec": final.get("images_per_sec"),
+        "wall_time": final.get("wall_time"),
+    }
+
+
+def main() -> int:
+    request = WorkerRequest.model_validate_json(sys.stdin.read())
+    import mlflow
+
+    mlflow.set_tracking_uri(request.tracking_uri)
+    try:
+        with mlflow.start_run(run_id=request.run_id, log_system_metrics=True):
+            summary = run(request)
+    except TowerbenchError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as error:  # noqa: BLE001 - any crash is recorded as this run's failure
+        traceback.print_exc()
+        print(f"error: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        return 1
+    emit("result", summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Shared pieces of the model tests: logical CPU towers and tiny TFRecord datasets.
+
+Importing this module asks for LOGICAL_CPUS logical CPU devices. Test modules are imported during
+collection, before any test runs a TensorFlow op, so one pytest process can test 1, 2 and 4 towers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from sklearn.datasets import load_digits
+
+from model.devices import split_cpu
+from model.tfrecords import dataset_dir, write_dataset
+
+LOGICAL_CPUS = 4
+split_cpu(LOGICAL_CPUS)
+
+
+def write_digits(data_dir: Path, train: int = 600, test: int = 103, shards: int = 2) -> Path:
+    """sklearn's 8x8 digits as DATA_DIR/tfrecords/digits (`train` + `test` examples)."""
+    digits = load_digits()
+    images = np.round(digits.images * 255 / 16).astype(np.uint8)[..., None]  # (N, 8, 8, 1)
+    order = np.random.default_rng(0).permutation(len(images))
+    images, labels = images[order], digits.target[order]
+    write_dataset(
+        dataset_dir(data_dir, "digits"),
+        "digits",
+        [str(digit) for digit in range(10)],
+        {"train": (images[:train], labels[:train]),
+         "test": (images[train:train + test], labels[train:train + test])},
+        shards,
+        {"kind": "sklearn.load_digits", "test": "fixture"},
+    )
+    return data_dir

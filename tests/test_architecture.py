@@ -1,0 +1,57 @@
+"""Imports go one way: flows -> tasks -> model, and model/ stays pure TensorFlow."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ORCHESTRATION = {"prefect", "mlflow", "dvc"}
+
+
+def imported_top_level_modules(package: str) -> dict[str, set[str]]:
+    """Top-level module names imported by each file of `package`."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [("model", ORCHESTRATION | {"tasks", "flows"}), ("tasks", {"flows"})],
+)
+def test_imports_point_one_way(package: str, forbidden: set[str]) -> None:
+    offenders = {
+        file: sorted(names & forbidden)
+        for file, names in imported_top_level_modules(package).items()
+        if names & forbidden
+    }
+    assert not offenders, f"{package}/ must not import {sorted(forbidden)}: {offenders}"
+
+
+def test_every_model_module_imports_without_orchestration_libraries() -> None:
+    modules = [
+        ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for path in sorted((ROOT / "model").rglob("*.py"))
+        if path.name != "__init__.py"
+    ]
+    script = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        f"print(sorted(m for m in {sorted(ORCHESTRATION)!r} if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout

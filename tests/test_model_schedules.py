@@ -1,0 +1,62 @@
+"""The learning-rate policy: scaling rules, warmup and decay counted in epochs."""
+
+import math
+
+import fixtures_model  # noqa: F401
+import numpy as np
+import pytest
+
+from model.config import TrainConfig
+from model.input_pipeline import EpochPlan
+from model.schedules import StepSchedule, scaled_learning_rate, schedule_from_config
+
+
+def test_scaling_rules():
+    assert scaled_learning_rate(0.1, 512, 128, "none") == pytest.approx(0.1)
+    assert scaled_learning_rate(0.1, 512, 128, "linear") == pytest.approx(0.4)
+    assert scaled_learning_rate(0.1, 512, 128, "sqrt") == pytest.approx(0.2)
+
+
+def _lr_per_epoch(config: TrainConfig, examples: int) -> tuple[np.ndarray, float]:
+    """LR the optimizer sees at fixed epoch points, and the peak LR."""
+    plan = EpochPlan(examples, config.global_batch, config.towers)
+    schedule = schedule_from_config(config)
+    by_step = StepSchedule(schedule, plan.steps)
+    epochs = np.arange(0, 8, 0.5)
+    return np.array([float(by_step(e * plan.steps)) for e in epochs]), schedule.peak_lr
+
+
+@pytest.mark.parametrize("decay", ["staircase", "piecewise", "cosine", "constant"])
+def test_schedule_in_epochs_is_the_same_for_1_2_and_4_towers(decay):
+    common = dict(dataset="cifar10", epochs=8, warmup_epochs=2, decay=decay, decay_epochs=3,
+                  decay_boundaries=[4, 6], lr_scaling="linear")
+    # Same global batch: the towers only split it, nothing about the schedule may change.
+    same_batch = [_lr_per_epoch(TrainConfig(towers=k, global_batch=128, **common), 50_000)[0]
+                  for k in (1, 2, 4)]
+    assert all(np.array_equal(same_batch[0], other) for other in same_batch[1:])
+    # Fixed per-tower batch (adding devices): steps per epoch change, the shape in epochs doesn't.
+    shapes = []
+    for k in (1, 2, 4):
+        lrs, peak = _lr_per_epoch(TrainConfig(towers=k, global_batch=128 * k, **common), 50_000)
+        shapes.append((lrs, peak))
+    after_warmup = np.arange(0, 8, 0.5) >= 2
+    for lrs, peak in shapes[1:]:
+        np.testing.assert_allclose(lrs[after_warmup] / peak,
+                                   shapes[0][0][after_warmup] / shapes[0][1], rtol=1e-6)
+
+
+def test_warmup_and_decay_values():
+    config = TrainConfig(dataset="cifar10", towers=4, global_batch=512, lr_scaling="linear",
+                         warmup_epochs=2, decay="piecewise", decay_boundaries=[4, 6], epochs=8)
+    schedule = schedule_from_config(config)
+    assert float(schedule(0.0)) == pytest.approx(0.1)  # warmup starts at base_lr
+    assert float(schedule(1.0)) == pytest.approx(0.25)
+    assert float(schedule(2.0)) == pytest.approx(0.4)
+    assert float(schedule(4.0)) == pytest.approx(0.04)
+    assert float(schedule(6.5)) == pytest.approx(0.004)
+    tutorial = schedule_from_config(TrainConfig(dataset="cifar10"))
+    assert float(tutorial(349.9)) == pytest.approx(0.1)
+    assert float(tutorial(350.0)) == pytest.approx(0.01)  # x0.1 every 350 epochs
+    cosine = schedule_from_config(TrainConfig(dataset="cifar10", decay="cosine", epochs=10))
+    assert float(cosine(5.0)) == pytest.approx(0.05)
+    assert math.isclose(float(cosine(10.0)), 0.0, abs_tol=1e-8)

@@ -1,0 +1,117 @@
+"""The training loop on a tiny digits set: learning, honest evaluation, exact resume, refusals."""
+
+import json
+
+import fixtures_model
+import numpy as np
+import pytest
+
+from flows.cli import main
+from model import training
+from model.config import TrainConfig
+from model.tfrecords import dataset_dir, load_manifest
+
+TEST_EXAMPLES = 103  # not a multiple of any evaluation batch used here
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return fixtures_model.write_digits(tmp_path_factory.mktemp("data"), test=TEST_EXAMPLES)
+
+
+def _last_json_line(text: str) -> dict:
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def test_cli_training_learns_digits_well_above_chance(data_dir, capsys):
+    code = main(["train", "--dataset", "digits", "--towers", "2", "--global-batch", "32",
+                 "--epochs", "4", "--data-dir", str(data_dir), "--json"])
+    output = capsys.readouterr().out
+    summary = _last_json_line(output)
+    assert code == 0 and summary["status"] == "completed"
+    assert summary["test_accuracy"] > 0.5  # chance is 0.1
+    assert summary["device_kind"] == "logical CPU" and len(summary["device_names"]) == 2
+    assert summary["global_batch"] == 32 and summary["effective_lr"] == pytest.approx(0.05)
+    assert summary["config"]["crop_size"] is None  # the digits preset, shown resolved
+    assert "presets for tutorial/digits" in output and "epoch   4.00" in output
+    for key in ("ema_test_accuracy", "images_per_sec", "noise_scale"):
+        assert key in summary
+
+
+def test_every_test_example_is_evaluated_exactly_once(data_dir, monkeypatch):
+    monkeypatch.setattr(training, "EVAL_BATCH", 16)  # 103 = 6 x 16 + 7: a padded last batch
+    config = TrainConfig(dataset="digits", towers=4, global_batch=64, epochs=0.5)
+    result = training.train(config, data_dir)
+    manifest = load_manifest(dataset_dir(data_dir, "digits"))
+    assert result.final["test_examples"] == TEST_EXAMPLES
+    assert result.confusion_matrix.sum(axis=1).tolist() == manifest.splits["test"].per_class
+    entry = result.history[-1]
+    assert entry["total_loss"] == pytest.approx(entry["cross_entropy"] + entry["weight_decay_loss"])
+    assert entry["weight_decay_loss"] > 0
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(
+    data_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(training, "PROGRESS_SECONDS", 0.0)  # progress after every step
+    config = TrainConfig(dataset="digits", towers=2, global_batch=64, epochs=2,
+                         checkpoint_every=3, seed=5)
+    uninterrupted = training.train(config, data_dir)
+
+    def kill_at_step_13(metrics):
+        if metrics["step"] == 13:  # the last checkpoint is at step 12, mid-epoch 2
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        training.train(config, data_dir, tmp_path / "ckpt", on_progress=kill_at_step_13)
+    resumed = training.train(config, data_dir, tmp_path / "ckpt")
+    assert resumed.final["steps"] == uninterrupted.final["steps"] == 20
+    for after_resume, straight in zip(resumed.model.get_weights(),
+                                      uninterrupted.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(after_resume, straight)
+    assert [e["step"] for e in resumed.history] == [10.0, 20.0]
+    assert resumed.history[-1]["train_accuracy"] == uninterrupted.history[-1]["train_accuracy"]
+
+
+def test_exploding_loss_stops_the_run_as_diverged(data_dir, monkeypatch):
+    monkeypatch.setattr(training, "PROGRESS_SECONDS", 0.0)
+    config = TrainConfig(dataset="digits", towers=1, global_batch=64, epochs=3, base_lr=1e4,
+                         divergence_loss=50)
+    result = training.train(config, data_dir)
+    assert result.status == "diverged"
+    assert result.final["steps"] < 30
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--towers", "0"], "--towers: Input should be greater than or equal to 1"),
+        (["--towers", "3", "--global-batch", "128"], "--global-batch: Value error, 128 is not "
+                                                     "divisible by --towers 3"),
+        (["--towers", "1000", "--global-batch", "1000"], "--towers 1000 exceeds the 600 training"),
+        (["--global-batch", "1024"], "--global-batch 1024 exceeds the 600 training examples"),
+        (["--crop-size", "12"], "--crop-size 12 is larger than the 8x8 images"),
+        (["--aggregation", "avg"], "--aggregation: Input should be 'mean' or 'sum'"),
+        (["--dataset", "absent"], "run `towerbench preprocess absent"),
+    ],
+)
+def test_bad_parameters_are_refused_with_a_one_line_message(data_dir, capsys, arguments, message):
+    code = main(["train", "--dataset", "digits", "--data-dir", str(data_dir), *arguments])
+    error = capsys.readouterr().err.strip()
+    assert code == 2
+    assert error.startswith("towerbench train: error: ") and message in error
+    assert "\n" not in error and "Traceback" not in error
+
+
+def test_gradcheck_command_prints_the_json_of_issue_3(capsys):
+    assert main(["gradcheck", "--towers", "2", "--global-batch", "8", "--json"]) == 0
+    result = _last_json_line(capsys.readouterr().out)
+    assert result["model"] == "tutorial" and result["towers"] == 2
+    assert result["global_batch"] == 8
+    assert result["mean_vs_single"]["max_rel_diff"] <= 1e-5
+    assert result["mirrored_vs_single"]["max_rel_diff"] <= 1e-5
+    assert result["sum_vs_mean"]["ratio"] == pytest.approx(2.0)

@@ -1,0 +1,119 @@
+"""The report's statistics on constructed numbers, checked against independent computations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from model.config import TrainConfig
+from tasks.comparison import (
+    Curve,
+    RunRecord,
+    compare,
+    noise_scale_note,
+    scaling_efficiency,
+    summarize,
+    time_to_target,
+    welch,
+)
+
+
+def test_welch_matches_scipy_ttest_and_its_confidence_interval() -> None:
+    sample = [0.842, 0.851, 0.838, 0.847]
+    baseline = [0.861, 0.858, 0.866]
+    result = welch(sample, baseline)
+    reference = stats.ttest_ind(sample, baseline, equal_var=False)
+    interval = reference.confidence_interval(0.95)
+    assert result.difference == pytest.approx(np.mean(sample) - np.mean(baseline))
+    assert result.p_value == pytest.approx(reference.pvalue, rel=1e-9)
+    assert result.ci_low == pytest.approx(interval.low, rel=1e-9)
+    assert result.ci_high == pytest.approx(interval.high, rel=1e-9)
+
+
+def test_welch_textbook_degrees_of_freedom() -> None:
+    # Two samples with variances 1 and 4 (n = 5 each): Welch-Satterthwaite gives
+    # df = (1/5 + 4/5)^2 / ((1/5)^2/4 + (4/5)^2/4) = 1 / (0.17) ≈ 5.882.
+    a = np.array([-2.0, -1.0, 0.0, 1.0, 2.0]) * math.sqrt(1 / 2.5)  # variance 1
+    b = np.array([-2.0, -1.0, 0.0, 1.0, 2.0]) * math.sqrt(4 / 2.5) + 1  # variance 4, mean 1
+    result = welch(list(a), list(b))
+    dof = 1 / 0.17
+    t_statistic = -1 / math.sqrt(1 / 5 + 4 / 5)
+    assert result.p_value == pytest.approx(2 * stats.t.cdf(t_statistic, dof), rel=1e-9)
+    half_width = stats.t.ppf(0.975, dof) * 1.0
+    assert result.ci_low == pytest.approx(-1 - half_width)
+    assert result.ci_high == pytest.approx(-1 + half_width)
+
+
+def test_one_seed_gives_a_difference_but_no_test() -> None:
+    result = welch([0.80], [0.82, 0.84])
+    assert result.difference == pytest.approx(-0.03)
+    assert result.p_value is None and result.ci_low is None
+
+
+def test_summary_uses_the_sample_standard_deviation() -> None:
+    summary = summarize([0.8, 0.9, 1.0])
+    assert summary.mean == pytest.approx(0.9)
+    assert summary.std == pytest.approx(0.1)
+    assert math.isnan(summarize([0.5]).std)
+
+
+def test_time_to_target_is_the_first_evaluation_reaching_it() -> None:
+    curve = Curve(epochs=[1, 2, 3], wall_times=[10.0, 21.0, 30.5], accuracies=[0.5, 0.91, 0.95])
+    assert time_to_target(curve, 0.9) == 21.0
+    assert time_to_target(curve, 0.99) is None
+
+
+def test_scaling_efficiency_and_noise_scale_note() -> None:
+    assert scaling_efficiency(300.0, 100.0, 4) == pytest.approx(0.75)
+    assert "far above" in noise_scale_note(1024, 300.0)
+    assert "well below" in noise_scale_note(64, 300.0)
+    assert noise_scale_note(64, None) is None
+
+
+def _record(towers: int, lr_scaling: str, seed: int, accuracy: float, status: str = "completed"):
+    config = TrainConfig(
+        towers=towers, global_batch=128 * towers, lr_scaling=lr_scaling, seed=seed
+    )
+    group = f"towers={towers} lr={lr_scaling}"
+    seconds = 100.0 / towers
+    return RunRecord(
+        run_id=f"{group}-{seed}",
+        name=f"{group} seed={seed}",
+        group=group,
+        config=config,
+        status=status,
+        final_accuracy=accuracy if status == "completed" else None,
+        images_per_sec=1000.0 if towers == 1 else 500.0 * towers,  # half of linear
+        effective_lr=0.1 * towers if lr_scaling == "linear" else 0.1,
+        noise_scale=200.0,
+        device_kind="logical CPU",
+        curve=Curve([1.0, 2.0], [seconds / 2, seconds], [accuracy - 0.1, accuracy]),
+        error="boom" if status == "failed" else None,
+    )
+
+
+def test_compare_rows_verdicts_and_speedup() -> None:
+    baseline = [_record(1, "none", seed, accuracy) for seed, accuracy in enumerate([0.86, 0.862])]
+    unscaled = [_record(4, "none", seed, accuracy) for seed, accuracy in enumerate([0.84, 0.841])]
+    scaled = [_record(4, "linear", seed, accuracy) for seed, accuracy in enumerate([0.85, 0.87])]
+    failed = [_record(2, "linear", 0, 0.0, status="failed")]
+    rows, target = compare(baseline + unscaled + scaled + failed, [], None)
+    by_group = {row.group: row for row in rows}
+
+    assert target == pytest.approx(0.95 * np.mean([0.86, 0.862]))
+    assert by_group["towers=1 lr=none"].verdict == "baseline"
+    unscaled_row = by_group["towers=4 lr=none"]
+    expected = stats.ttest_ind([0.84, 0.841], [0.86, 0.862], equal_var=False)
+    assert unscaled_row.difference.p_value == pytest.approx(expected.pvalue)
+    assert expected.pvalue < 0.05
+    assert "apply linear scaling" in unscaled_row.verdict
+    assert "global batch 512" in unscaled_row.verdict
+    assert by_group["towers=4 lr=linear"].verdict.startswith("no significant difference")
+    # Time to the target (reached at the last point): 25 s with 4 towers, 100 s with one.
+    assert unscaled_row.speedup == pytest.approx(4.0)
+    assert unscaled_row.efficiency == pytest.approx(0.5)
+    assert any("far above the measured noise scale" in note for note in unscaled_row.notes)
+    assert by_group["towers=2 lr=linear"].verdict == "failed: boom"
