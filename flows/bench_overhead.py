@@ -5,8 +5,8 @@ Both sides train the same configuration on the same TFRecords, interleaved round
   flow    the `sweep` flow with that single configuration, exactly as `towerbench sweep` runs it:
           Prefect flow and task runs, MLflow parent and child runs, the training in its own
           process (for isolation), live metrics, the evaluation artifacts and the report.
-The first round (warm-up) also starts Prefect's temporary server; later rounds reuse it, as a
-running `prefect server` would. Prefect and MLflow state go to a temporary folder.
+An empty flow first starts Prefect's temporary server; the timed rounds reuse it, as they would
+a running `prefect server`. Prefect and MLflow state go to a temporary folder.
 """
 
 from __future__ import annotations
@@ -27,11 +27,22 @@ TEST_EXAMPLES = 256
 
 def isolate_orchestration_state(work_dir: Path) -> None:
     """Point Prefect (temporary server) and MLflow into `work_dir`; call before importing them."""
-    os.environ["PREFECT_HOME"] = str(work_dir / "prefect")
+    prefect_home = work_dir / "prefect"
+    prefect_home.mkdir(parents=True, exist_ok=True)  # its SQLite file is not created otherwise
+    os.environ["PREFECT_HOME"] = str(prefect_home)
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    # The default 20 s is not enough for the server to start on a busy 2-core machine.
+    os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "180"
     os.environ.pop("PREFECT_API_URL", None)
     os.environ.pop("MLFLOW_RUN_ID", None)
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work_dir / 'mlflow.db'}"
+
+
+def _start_prefect_server() -> None:
+    """Run an empty flow, so Prefect's temporary server (~20-30 s to start) is up before timing."""
+    from prefect import flow
+
+    flow(name="bench-start-server")(lambda: None)()
 
 
 def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> dict[str, Any]:
@@ -57,13 +68,14 @@ def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> d
             raise TowerbenchError(f"bench: the flow's training run {run['status']}: "
                                   f"{run.get('error', 'no error message')}")
 
+    _start_prefect_server()
     timings = interleaved(
         {
             "direct": lambda: time_once(lambda: train(config, data.data_dir)),
             "flow": lambda: time_once(flow_run),
         },
-        settings.repeats,
-        settings.warmup,
+        settings.orchestration_repeats,
+        settings.orchestration_warmup,
     )
     direct, flow_seconds = timings["direct"].median, timings["flow"].median
     return {

@@ -34,8 +34,9 @@ def render_markdown(
         "# Benchmarks",
         "",
         f"Written by `towerbench bench` ({settings.mode} run, {time.strftime('%Y-%m-%d %H:%M')}, "
-        f"{seconds / 60:.1f} minutes). Every figure is the median of {settings.repeats} repeats "
-        f"after {settings.warmup} warm-up round; the candidates of each comparison are timed "
+        f"{seconds / 60:.1f} minutes). Every figure is a median of {settings.repeats} repeats "
+        f"after {settings.warmup} warm-up round (orchestration: {settings.orchestration_repeats} "
+        f"after {settings.orchestration_warmup}). The candidates of each comparison are timed "
         "round-robin in the same run, so a ratio sees one machine load. Regenerate with "
         "`make bench`.",
         "",

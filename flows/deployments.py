@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -94,17 +95,24 @@ def run_ui(params: Params, params_path: Path) -> None:
         if not _port_free(port):
             raise TowerbenchError(f"{HOST}:{port} is already in use; stop what runs there first")
     tracking = params.tracking
+    # Children get their own sessions, so Ctrl-C reaches only this process, which then stops
+    # `serve` first (while its server still answers) and the servers after it.
     processes: list[subprocess.Popen] = []
     try:
+        # Local and offline by default: no usage telemetry from the server.
+        server_environment = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", **os.environ}
         prefect_server = subprocess.Popen(
-            [_tool("prefect"), "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)]
+            [_tool("prefect"), "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)],
+            env=server_environment,
+            start_new_session=True,
         )
         processes.append(prefect_server)
         mlflow_command = [_tool("mlflow"), "ui", "--host", HOST, "--port", str(MLFLOW_PORT)]
+        mlflow_command += ["--workers", "1"]  # one user: spare the cores for training
         mlflow_command += ["--backend-store-uri", tracking.tracking_uri or ""]
         if tracking.artifact_root:
             mlflow_command += ["--default-artifact-root", tracking.artifact_root]
-        processes.append(subprocess.Popen(mlflow_command))
+        processes.append(subprocess.Popen(mlflow_command, start_new_session=True))
         _wait_for(f"http://{HOST}:{PREFECT_PORT}/api/health", prefect_server)
         environment = dict(os.environ, PREFECT_API_URL=f"http://{HOST}:{PREFECT_PORT}/api")
         served = subprocess.Popen(
@@ -117,6 +125,7 @@ def run_ui(params: Params, params_path: Path) -> None:
                 tracking.tracking_uri or "",
             ],
             env=environment,
+            start_new_session=True,
         )
         processes.append(served)
         print(
@@ -126,11 +135,16 @@ def run_ui(params: Params, params_path: Path) -> None:
         )
         served.wait()
     finally:
-        for process in reversed(processes):
-            if process.poll() is None:
-                process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        for process in reversed(processes):  # serve first, then the servers
+            _stop(process)
+
+
+def _stop(process: subprocess.Popen, grace_seconds: float = 20) -> None:
+    """Ctrl-C for a graceful stop; killed if it is still running after the grace period."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=grace_seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -1,4 +1,4 @@
-"""Typed configuration: the one source of truth for the CLI, the Prefect form, params.yaml and MLflow.
+"""Typed configuration: one source of truth for the CLI, Prefect form, params.yaml and MLflow.
 
 Every section is a strict pydantic model: unknown keys and wrong types are refused with a message
 that names the field. `model/` receives these objects and never reads files itself.

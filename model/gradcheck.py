@@ -79,7 +79,12 @@ def _mirrored_run(model_name, initial, devices: TowerDevices, weight_decay, seed
 
     from model.networks import build_network
 
-    strategy = tf.distribute.MirroredStrategy(devices.devices)
+    # Reducing on the parameter device (rather than collectives, the CPU default) lets several
+    # strategies over different device sets live in one process.
+    strategy = tf.distribute.MirroredStrategy(
+        devices.devices,
+        cross_device_ops=tf.distribute.ReductionToOneDevice(devices.parameter_device),
+    )
     batch = int(images.shape[0])
     towers = len(devices.devices)
     with strategy.scope():

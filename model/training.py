@@ -209,11 +209,10 @@ def train(
                                 config.seed, epoch_index, start)
         clock.start_epoch()
         for images, labels in batches:
-            clock.step(lambda images=images, labels=labels: trainer.step(images, labels),
-                       trainer.step, int(images.shape[0]))
+            clock.step(trainer.step, images, labels)
             step += 1
-            every = config.checkpoint_every
-            if manager is not None and every and step % every == 0:
+            # A checkpoint that falls on an epoch's end is saved after the epoch's record.
+            if _checkpoint_due(manager, config, step) and step % plan.steps:
                 _save(manager, step, history)
             if step >= total_steps:
                 break
@@ -245,6 +244,8 @@ def train(
         if devices.replicas > 1:
             record["noise_scale"] = trainer.noise.value()
         history.append(record)
+        if _checkpoint_due(manager, config, step) and not step % plan.steps:
+            _save(manager, step, history)
         if on_epoch is not None:
             on_epoch(record)
     if manager is not None:
@@ -273,17 +274,19 @@ class _Clock:
     def start_epoch(self) -> None:
         self.epoch_seconds, self.epoch_images, self.epoch_steps = 0.0, 0, 0
 
-    def step(self, run: Callable[[], Any], function, images: int) -> None:
+    def step(self, function, images, labels) -> None:
+        """Run the compiled step `function`; a call that traced it is left out of steady speed."""
         traces = function.experimental_get_tracing_count()
         began = time.perf_counter()
-        run()
+        function(images, labels)
         seconds = time.perf_counter() - began
+        count = int(images.shape[0])
         self.epoch_seconds += seconds
-        self.epoch_images += images
+        self.epoch_images += count
         self.epoch_steps += 1
         if function.experimental_get_tracing_count() == traces:
             self.steady_seconds += seconds
-            self.steady_images += images
+            self.steady_images += count
 
     def epoch_rate(self) -> float:
         return self.epoch_images / self.epoch_seconds if self.epoch_seconds else float("nan")
@@ -356,6 +359,11 @@ def _open_checkpoints(checkpoint, folder: Path, config: TrainConfig):
     else:
         _write_json_atomically(config_path, wanted)
     return manager, history
+
+
+def _checkpoint_due(manager, config: TrainConfig, step: int) -> bool:
+    every = config.checkpoint_every
+    return manager is not None and every > 0 and step % every == 0
 
 
 def _save(manager, step: int, history: list[dict[str, float]]) -> None:

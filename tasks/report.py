@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from mlflow.entities import Run  # noqa: E402
 from prefect import task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from model.config import ReportConfig, TrackingConfig, TrainConfig  # noqa: E402
 from model.errors import TowerbenchError  # noqa: E402
@@ -207,7 +208,8 @@ def _comparison_with_previous(
     if previous is None:
         return "No earlier finished benchmark in this experiment to compare with."
     _, previous_records = load_sweep(tracking, previous.info.run_id)
-    previous_rows = {row.group: row for row in compare(previous_records, [], None)[0]}
+    swept = json.loads(previous.data.tags.get(SWEPT_TAG, "[]"))
+    previous_rows = {row.group: row for row in compare(previous_records, swept, None)[0]}
     same_data = previous.data.params.get("data_version") == parent.data.params.get("data_version")
     lines = [
         f"Previous benchmark: run `{previous.info.run_id}` "
@@ -337,7 +339,7 @@ def write_report(tracking: TrackingConfig, parent_run_id: str, report: ReportCon
     return destination / "report.md"
 
 
-@task(name="report")
+@task(name="report", cache_policy=NO_CACHE)  # reads runs that may have changed
 def make_report(tracking: TrackingConfig, parent_run_id: str, report: ReportConfig) -> str:
     """The report as a file, in MLflow and as a Prefect markdown artifact."""
     path = write_report(tracking, parent_run_id, report)

@@ -141,9 +141,12 @@ def create_config_run(
     return run.info.run_id
 
 
-def mark_failed(tracking: TrackingConfig, run_id: str, error: str) -> None:
-    """Record a configuration that crashed (or was killed) and close its run as FAILED."""
+def mark_failed(tracking: TrackingConfig, run_id: str, error: str, log: str = "") -> None:
+    """Record a configuration that crashed (or was killed) and close its run as FAILED, with
+    the training process's log as an artifact."""
     client = client_for(tracking)
+    if log:
+        client.log_text(run_id, log, "training_process.log")
     client.log_batch(
         run_id, tags=[RunTag(STATUS_TAG, "failed"), RunTag(ERROR_TAG, error[:5000])]
     )

@@ -18,6 +18,7 @@ from uuid import UUID
 
 from prefect import get_run_logger, task
 from prefect.artifacts import update_progress_artifact
+from prefect.cache_policies import NO_CACHE
 
 from model.config import TrackingConfig
 from tasks.tracking import mark_failed
@@ -70,7 +71,8 @@ def run_training_process(
     return {"status": "failed", "error": _error_line(log_text, returncode), "log": log_text}
 
 
-@task(name="train-configuration", task_run_name="train {name}")
+# Never cached: every call is a new training run with its own MLflow run.
+@task(name="train-configuration", task_run_name="train {name}", cache_policy=NO_CACHE)
 def train_configuration(
     request: WorkerRequest,
     name: str,
@@ -100,9 +102,8 @@ def train_configuration(
 
     outcome = run_training_process(request, on_event)
     if outcome["status"] == "failed":
-        mark_failed(tracking, request.run_id, outcome["error"])
+        mark_failed(tracking, request.run_id, outcome["error"], outcome.pop("log", ""))
         logger.error("%s failed: %s", name, outcome["error"])
-        outcome.pop("log", None)
     else:
         logger.info(
             "%s %s: test accuracy %.4f", name, outcome["status"], outcome.get("test_accuracy") or 0

@@ -23,6 +23,7 @@ from model.errors import TowerbenchError
 
 EVENT_PREFIX = "@@towerbench "
 PROGRESS_INTERVAL_SECONDS = 1.0
+SYSTEM_METRICS_SECONDS = 5  # CPU/memory sampling period (MLflow's default, 10 s, misses short runs)
 
 
 class WorkerRequest(BaseModel):
@@ -129,6 +130,7 @@ def main() -> int:
     import mlflow
 
     mlflow.set_tracking_uri(request.tracking_uri)
+    mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_SECONDS)
     try:
         with mlflow.start_run(run_id=request.run_id, log_system_metrics=True):
             summary = run(request)
@@ -137,7 +139,9 @@ def main() -> int:
         return 2
     except Exception as error:  # noqa: BLE001 - any crash is recorded as this run's failure
         traceback.print_exc()
-        print(f"error: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        # One line: TensorFlow's messages span many ("in user code: ... the actual problem").
+        message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        print(f"error: {type(error).__name__}: {message[-1000:]}", file=sys.stderr, flush=True)
         return 1
     emit("result", summary)
     return 0

@@ -58,16 +58,21 @@ def test_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(
     data_dir, tmp_path, monkeypatch
 ):
     monkeypatch.setattr(training, "PROGRESS_SECONDS", 0.0)  # progress after every step
+    # 600 examples in batches of 64: 10 steps per epoch (the last one has 24 examples).
     config = TrainConfig(dataset="digits", towers=2, global_batch=64, epochs=2,
-                         checkpoint_every=3, seed=5)
+                         checkpoint_every=5, seed=5)
     uninterrupted = training.train(config, data_dir)
 
-    def kill_at_step_13(metrics):
-        if metrics["step"] == 13:  # the last checkpoint is at step 12, mid-epoch 2
-            raise _Killed
+    def kill_at(step):
+        def progress(metrics):
+            if metrics["step"] == step:
+                raise _Killed
+        return progress
 
-    with pytest.raises(_Killed):
-        training.train(config, data_dir, tmp_path / "ckpt", on_progress=kill_at_step_13)
+    # Killed after the checkpoint at the end of epoch 1, then after the one in mid-epoch 2.
+    for kill_step in (12, 17):
+        with pytest.raises(_Killed):
+            training.train(config, data_dir, tmp_path / "ckpt", on_progress=kill_at(kill_step))
     resumed = training.train(config, data_dir, tmp_path / "ckpt")
     assert resumed.final["steps"] == uninterrupted.final["steps"] == 20
     for after_resume, straight in zip(resumed.model.get_weights(),

@@ -44,6 +44,10 @@ def run_all(settings, work_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     from model.devices import configure_tower_devices
 
     devices = configure_tower_devices(settings.max_towers, "auto", "cpu")
+    import tensorflow as tf
+
+    # Each benchmarked trainer traces its own step; TensorFlow's retracing warning is noise here.
+    tf.get_logger().setLevel("ERROR")
     from flows.bench_overhead import measure_orchestration_overhead
     from model.bench.machine import describe_machine
     from model.bench.suite import (

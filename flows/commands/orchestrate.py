@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import typing
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,18 @@ from model.config import (
     TrainConfig,
 )
 
+# Prefect starts a temporary API server when none is configured; its default 20 s start-up
+# budget is too short on a busy 2-core machine.
+EPHEMERAL_STARTUP_SECONDS = "120"
+
 TRAIN_LIST_FIELDS = frozenset(name for name in TrainConfig.model_fields if name not in SWEEP_AXES)
 DEFAULT_PARAMS = Path("params.yaml")
+
+
+def _prepare_prefect() -> None:
+    os.environ.setdefault(
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_SECONDS
+    )
 
 
 def _overrides(model: type, args: argparse.Namespace) -> dict[str, Any]:
@@ -30,7 +41,10 @@ def _overrides(model: type, args: argparse.Namespace) -> dict[str, Any]:
 def _tracking(args: argparse.Namespace, base: TrackingConfig) -> TrackingConfig:
     from tasks.tracking import resolve_tracking
 
-    values = {**base.model_dump(exclude_unset=True), **_overrides(TrackingConfig, args)}
+    overrides = _overrides(TrackingConfig, args)
+    values = {**base.model_dump(exclude_unset=True), **overrides}
+    if "tracking_uri" in overrides and "artifact_root" not in overrides:
+        values.pop("artifact_root", None)  # it belonged to the replaced store
     return resolve_tracking(build_model(TrackingConfig, values))
 
 
@@ -91,6 +105,7 @@ def _print_outcome(outcome: dict[str, Any], as_json: bool) -> int:
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
+    _prepare_prefect()
     from flows.sweep import sweep
 
     config = sweep_config_from_args(args)
@@ -103,6 +118,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
+    _prepare_prefect()
     from flows.params import load_params
     from flows.pipeline import pipeline
 

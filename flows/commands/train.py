@@ -118,8 +118,11 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_gradcheck_command(args: argparse.Namespace) -> int:
+    import tensorflow as tf
+
     from model.gradcheck import run_gradcheck
 
+    tf.get_logger().setLevel("ERROR")  # four trainers on one batch: retracing warnings are noise
     result = run_gradcheck(args.model, args.towers, args.global_batch, args.seed)
     print(f"{args.model}: {args.towers} tower(s) on {result['device_kind']} devices, "
           f"global batch {args.global_batch}")

@@ -31,9 +31,8 @@ StepKey = tuple[str, int, int]  # (runner, towers, global batch)
 def step_configurations(settings: BenchSettings) -> list[StepKey]:
     """Every (runner, towers, global batch) the step group times, without duplicates."""
     keys: list[StepKey] = []
-    for towers in settings.towers:
-        keys.append(("towerbench", towers, settings.fixed_global_batch))
-        keys.append(("towerbench", towers, towers * settings.per_tower_batch))
+    keys += [("towerbench", k, settings.fixed_global_batch) for k in settings.towers]
+    keys += [("towerbench", k, k * settings.per_tower_batch) for k in settings.per_tower_towers]
     keys.append(("towerbench", 1, settings.roofline_batch))
     keys += [("keras_mirrored", k, k * settings.per_tower_batch) for k in settings.keras_towers]
     return list(dict.fromkeys(keys))

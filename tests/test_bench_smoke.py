@@ -1,0 +1,123 @@
+"""Smoke test of the benchmark code (not a benchmark): tiny sizes, real TensorFlow, one process.
+
+The measurements run in a fresh process because they split the CPU into their own logical
+devices. The orchestration measurement (a Prefect server and a training process, ~1 minute) is
+exercised by `towerbench bench --quick`, not here; its arithmetic is checked below.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from model.bench.flops import count_step_flops
+from model.bench.settings import BenchSettings
+from model.bench.summary import summarize, target_rows
+from model.bench.timing import interleaved
+from model.networks import build_network
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(
+    mode="smoke", repeats=1, warmup=1, towers=(1, 2), fixed_global_batch=16, per_tower_batch=8,
+    keras_towers=(1, 2), roofline_batch=8, examples_per_repeat=16, roofline_sizes=(64, 128),
+    pipeline_examples=200, preprocess_images_per_file=40,
+)
+MEASURE = f"""
+import json, sys, tempfile
+from pathlib import Path
+from model.devices import configure_tower_devices
+devices = configure_tower_devices(2, "cpu", "cpu")
+from model.bench.settings import BenchSettings
+from model.bench.suite import (
+    count_flops, measure_input_pipeline, measure_preprocessing, measure_steps,
+)
+from model.config import TrainConfig
+settings = BenchSettings(**{TINY!r})
+config = TrainConfig()
+results = {{"flops_per_example": count_flops(config)}}
+results |= measure_steps(devices, settings, config)
+with tempfile.TemporaryDirectory() as work:
+    results["input_pipeline"] = measure_input_pipeline(Path(work), settings, config)
+    results["preprocess"] = measure_preprocessing(Path(work), settings)
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_results() -> dict:
+    completed = subprocess.run(
+        [sys.executable, "-c", MEASURE], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def test_every_configuration_is_measured(tiny_results: dict) -> None:
+    measured = {(s["runner"], s["towers"], s["global_batch"]) for s in tiny_results["steps"]}
+    assert measured == {
+        ("towerbench", 1, 16), ("towerbench", 2, 16), ("towerbench", 1, 8),
+        ("keras_mirrored", 1, 8), ("keras_mirrored", 2, 16),
+    }
+    assert all(step["step_seconds"] > 0 for step in tiny_results["steps"])
+    assert set(tiny_results["matmul_flops_per_sec"]) == {"64", "128"}
+    assert tiny_results["input_pipeline"]["images_per_sec"] > 0
+    preprocess = tiny_results["preprocess"]
+    assert preprocess["images"] == 6 * 40 and preprocess["extrapolated"]
+    assert preprocess["seconds_for_60k"] == pytest.approx(preprocess["seconds"] * 60_000 / 240)
+
+
+def test_summary_has_the_issue_shape_and_correct_ratios(tiny_results: dict) -> None:
+    settings = BenchSettings(**TINY)
+    orchestration = {"overhead_seconds": 6.0}
+    summary = summarize(tiny_results, orchestration, {"cpu": "test"}, settings)
+    assert list(summary) == [
+        "tower_overhead", "vs_keras_mirrored", "roofline_fraction", "input_pipeline_ratio",
+        "preprocess_60k_seconds", "orchestration_overhead", "machine",
+    ]
+    assert set(summary["tower_overhead"]) == {"2"}
+    assert set(summary["vs_keras_mirrored"]) == {"1", "2"}
+    step = {(s["runner"], s["towers"], s["global_batch"]): s["step_seconds"]
+            for s in tiny_results["steps"]}
+    expected = step[("towerbench", 2, 16)] / step[("towerbench", 1, 16)]
+    assert summary["tower_overhead"]["2"] == pytest.approx(expected, rel=1e-3)
+    assert summary["orchestration_overhead"] == pytest.approx(0.05)  # 6 s of a 2-minute run
+    assert [row.met for row in target_rows(summary, settings)][-1] is True
+
+
+def test_interleaved_runs_round_robin_and_drops_warmup() -> None:
+    calls: list[str] = []
+    values = iter(range(100))
+
+    def run(name: str):
+        def measured() -> float:
+            calls.append(name)
+            return float(next(values))
+        return measured
+
+    timings = interleaved({"a": run("a"), "b": run("b")}, repeats=3, warmup=1)
+    assert calls == ["a", "b"] * 4
+    assert timings["a"].seconds == (2.0, 4.0, 6.0) and timings["b"].median == 5.0
+
+
+def test_flop_count_agrees_with_tensorflow_profiler_on_the_forward_pass() -> None:
+    network = build_network("tutorial", (24, 24, 3), 10, seed=0)
+    counted = count_step_flops(lambda images: network.model(images, training=True), (24, 24, 3))
+
+    forward = tf.function(lambda images: network.model(images, training=True))
+    graph = forward.get_concrete_function(tf.TensorSpec([1, 24, 24, 3], tf.float32)).graph
+    options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
+    options["output"] = "none"
+    profile = tf.compat.v1.profiler.profile(graph=graph, options=options)
+    matmul_class = sum(
+        node.total_float_ops for node in profile.children
+        if graph.get_operation_by_name(node.name).type in ("Conv2D", "MatMul")
+    )
+    assert counted.forward == matmul_class
+    # Backward: weight gradients of every layer, input gradients of all but the first conv.
+    first_conv = 2 * 24 * 24 * 5 * 5 * 3 * 64
+    assert counted.training == 3 * counted.forward - first_conv

@@ -1,0 +1,101 @@
+"""Sweep expansion, params.yaml loading and the sweep CLI's options (no training)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.cli import build_parser
+from flows.commands.orchestrate import sweep_config_from_args
+from flows.params import load_params
+from model.config import SweepConfig, TrackingConfig, TrainConfig
+from model.errors import TowerbenchError
+from model.sweep import expand, run_name
+from tasks.tracking import resolve_tracking
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_product_of_the_lists_with_equivalent_runs_collapsed() -> None:
+    sweep = SweepConfig(
+        base=TrainConfig(reference_batch=128),
+        towers=[1, 4],
+        aggregation=["mean", "sum"],
+        lr_scaling=["none", "linear", "sqrt"],
+        warmup_epochs=[0, 2],
+        seeds=[0, 1],
+        per_tower_batch=128,
+    )
+    runs = expand(sweep)
+    names = [run_name(run) for run in runs]
+    # 1 tower (batch 128 = reference): every rule, warmup and aggregation is the same run.
+    assert [name for name in names if name.startswith("towers=1")] == [
+        "towers=1 agg=mean lr=none warmup=0 seed=0",
+        "towers=1 agg=mean lr=none warmup=0 seed=1",
+    ]
+    # 4 towers: 2 aggregations x (none without warmup + linear/sqrt with 0 or 2) x 2 seeds.
+    assert len([name for name in names if name.startswith("towers=4")]) == 2 * 5 * 2
+    assert len(set(names)) == len(names)
+    assert {run.global_batch for run in runs if run.towers == 4} == {512}
+
+
+def test_any_training_field_can_be_swept_and_invalid_combinations_are_named() -> None:
+    sweep = SweepConfig(towers=[2], seeds=[0], grid={"epochs": [1, 3], "optimizer": ["sgd"]})
+    assert sorted(run.epochs for run in expand(sweep)) == [1, 3]
+    assert "epochs=3" in run_name(expand(sweep)[1], ["epochs"])
+    with pytest.raises(TowerbenchError, match="per_tower_batch or grid.global_batch"):
+        expand(SweepConfig(per_tower_batch=8, grid={"global_batch": [8, 16]}))
+
+
+def test_params_file_unknown_key_and_wrong_type_name_file_and_key(tmp_path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text("sweep:\n  towers: [1, 2]\n  tower: [4]\n")
+    with pytest.raises(TowerbenchError, match=r"params.yaml: sweep.tower: Extra inputs"):
+        load_params(path)
+    path.write_text("train:\n  epochs: many\n")
+    with pytest.raises(TowerbenchError, match=r"params.yaml: train.epochs: .*'many'"):
+        load_params(path)
+    with pytest.raises(TowerbenchError, match="no such file"):
+        load_params(tmp_path / "absent.yaml")
+
+
+def test_project_params_build_the_default_pipeline_with_absolute_locations() -> None:
+    params = load_params(ROOT / "params.yaml")
+    pipeline = params.pipeline(ROOT)
+    runs = expand(pipeline.sweep)
+    assert sorted((run.towers, run.seed) for run in runs) == [
+        (towers, seed) for towers in (1, 2, 4) for seed in (0, 1)
+    ]
+    assert {run.aggregation for run in runs} == {"mean"}
+    assert {run.lr_scaling for run in runs if run.towers > 1} == {"linear"}
+    assert pipeline.data.data_dir.is_absolute() and pipeline.report.report_dir.is_absolute()
+    assert params.benchmark.cron.split()[1:] == ["3", "*", "*", "*"]  # nightly
+
+
+def test_tracking_uri_resolution(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    relative = resolve_tracking(TrackingConfig(tracking_uri="sqlite:///runs/mlflow.db"))
+    assert relative.tracking_uri == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    assert relative.artifact_root == (tmp_path / "runs" / "mlartifacts").as_uri()
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    default = resolve_tracking(TrackingConfig(), base_dir=tmp_path)
+    assert default.tracking_uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.team:5000")
+    assert resolve_tracking(TrackingConfig()).tracking_uri == "http://mlflow.team:5000"
+    with pytest.raises(TowerbenchError, match="tracking_uri"):
+        resolve_tracking(TrackingConfig(tracking_uri="mlflow.db"))
+
+
+def test_sweep_options_split_into_base_axes_and_grid() -> None:
+    args = build_parser().parse_args(
+        ["sweep", "--dataset", "digits", "--towers", "1,2,4", "--seeds", "0,1",
+         "--epochs", "2,4", "--base-lr", "0.2", "--crop-size", "none"]
+    )
+    sweep = sweep_config_from_args(args)
+    assert sweep.towers == [1, 2, 4] and sweep.seeds == [0, 1]
+    assert sweep.grid.epochs == [2.0, 4.0]
+    assert sweep.base.base_lr == 0.2 and sweep.base.crop_size is None
+    bad = build_parser().parse_args(["sweep", "--towers", "1,zero"])
+    with pytest.raises(TowerbenchError, match="--towers"):
+        sweep_config_from_args(bad)

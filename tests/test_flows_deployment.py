@@ -1,0 +1,176 @@
+"""`towerbench serve` against a real local Prefect server, triggered as the UI's Run button does."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def write_project(folder: Path) -> dict:
+    """A DVC project (no git) building the embedded digits, with a one-run sweep."""
+    folder.mkdir(parents=True)
+    shutil.copy(ROOT / "dvc.yaml", folder / "dvc.yaml")
+    params = {
+        "fetch": {"source": "digits", "name": "digits"},
+        "preprocess": {"shards": 1},
+        "data": {"data_dir": "data"},
+        "train": {
+            "dataset": "digits",
+            "epochs": 1,
+            "reference_batch": 32,
+            "base_lr": 0.05,
+            "decay": "constant",
+            "crop_size": None,
+            "random_flip": False,
+            "brightness_delta": 0,
+            "contrast_lower": 1.0,
+            "contrast_upper": 1.0,
+        },
+        "sweep": {"towers": [2], "seeds": [0], "warmup_epochs": [0], "per_tower_batch": 32},
+        "tracking": {"tracking_uri": f"sqlite:///{folder / 'mlflow.db'}"},
+        "benchmark": {"cron": "30 2 * * *"},
+    }
+    (folder / "params.yaml").write_text(yaml.safe_dump(params))
+    subprocess.run(
+        [sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, check=True
+    )
+    return params
+
+
+def wait_until(condition, timeout: float, what: str, processes=()) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for process in processes:
+            assert process.poll() is None, f"{what}: a process exited ({process.returncode})"
+        try:
+            if condition():
+                return
+        except (httpx.HTTPError, Exception):  # noqa: BLE001 - the server is still starting
+            pass
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def served_project(tmp_path):
+    project = tmp_path / "project"
+    write_project(project)
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    environment = dict(
+        os.environ,
+        PREFECT_HOME=str(tmp_path / "prefect-home"),
+        PREFECT_API_URL=api,
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    server = subprocess.Popen(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=environment,
+        stdout=(logs / "server.log").open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    processes = [server]
+    try:
+        wait_until(
+            lambda: httpx.get(f"{api}/health", timeout=2).status_code == 200,
+            180,
+            "the Prefect server",
+            processes,
+        )
+        serve = subprocess.Popen(
+            [str(BIN / "towerbench"), "serve", "--params", str(project / "params.yaml")],
+            env=environment,
+            cwd=tmp_path,  # not the project: the served runs must not depend on it
+            stdout=(logs / "serve.log").open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        processes.append(serve)
+        yield project, api, processes, logs
+    finally:
+        for process in reversed(processes):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGINT)
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_served_pipeline_runs_from_the_client_and_fills_mlflow(served_project) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    project, api, processes, logs = served_project
+    with temporary_settings({PREFECT_API_URL: api}):
+        with get_client(sync_client=True) as client:
+            wait_until(
+                lambda: client.read_deployment_by_name("benchmark/towerbench") is not None,
+                120,
+                "the served deployments",
+                processes,
+            )
+            benchmark = client.read_deployment_by_name("benchmark/towerbench")
+            assert [item.schedule.cron for item in benchmark.schedules] == ["30 2 * * *"]
+            assert not benchmark.paused
+        flow_run = run_deployment("pipeline/towerbench", timeout=420, poll_interval=2)
+    serve_log = (logs / "serve.log").read_text()[-3000:]
+    assert flow_run.state is not None and flow_run.state.is_completed(), serve_log
+
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name != "Default"]
+    parents = client.search_runs(
+        [experiment.experiment_id], filter_string="tags.`towerbench.kind` = 'sweep'"
+    )
+    assert len(parents) == 1 and parents[0].data.tags["towerbench.flow"] == "pipeline"
+    children = client.search_runs(
+        [experiment.experiment_id], filter_string="tags.`towerbench.kind` = 'config'"
+    )
+    assert [run.data.params["towers"] for run in children] == ["2"]
+    assert {run.data.tags["towerbench.status"] for run in children} == {"completed"}
+    # The data version is DVC's content hash of the TFRecords folder.
+    lock = yaml.safe_load((project / "dvc.lock").read_text())
+    dvc_hash = lock["stages"]["preprocess"]["outs"][0]["md5"]
+    assert {run.data.params["data_version"] for run in children} == {dvc_hash}
+
+
+def test_serve_without_a_server_says_schedules_need_one(tmp_path) -> None:
+    environment = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+    environment["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    (tmp_path / "params.yaml").write_text("train:\n  dataset: digits\n")
+    result = subprocess.run(
+        [str(BIN / "towerbench"), "serve", "--params", str(tmp_path / "params.yaml")],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "schedules need a Prefect server" in result.stderr
+    assert "ephemeral" in result.stderr

@@ -1,0 +1,261 @@
+"""The sweep flow for real: Prefect test harness, MLflow in a temp SQLite store, real training
+processes on a tiny dataset; then the report command on what the sweep left in MLflow."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+from prefect.testing.utilities import prefect_test_harness
+from sklearn.datasets import load_digits
+
+from flows.cli import main
+from model.config import TrackingConfig, TrainConfig
+from model.tfrecords import dataset_dir, write_dataset
+from tasks.tracking import resolve_tracking
+
+TINY_TRAINING = {
+    "dataset": "tiny",
+    "epochs": 2,
+    "reference_batch": 32,
+    "base_lr": 0.05,
+    "decay": "constant",
+    "crop_size": None,
+    "random_flip": False,
+    "brightness_delta": 0,
+    "contrast_lower": 1.0,
+    "contrast_upper": 1.0,
+}
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def write_tiny_digits(data_dir: Path) -> None:
+    """240 training and 80 test images of the real 8x8 digits."""
+    digits = load_digits()
+    images = (digits.images * 16).clip(0, 255).astype(np.uint8)[..., None]  # (N, 8, 8, 1)
+    labels = digits.target
+    write_dataset(
+        dataset_dir(data_dir, "tiny"),
+        "tiny",
+        [str(digit) for digit in range(10)],
+        {"train": (images[:240], labels[:240]), "test": (images[240:320], labels[240:320])},
+        shards=2,
+        source={"test": "tiny digits"},
+    )
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(prefect_harness, tmp_path_factory):
+    """`towerbench sweep --json`: towers 1 and 2 on the tiny set and on a dataset that does not
+    exist (those runs fail). Returns the JSON summary, the tracking settings and the folder."""
+    root = tmp_path_factory.mktemp("sweep")
+    write_tiny_digits(root / "data")
+    tracking = resolve_tracking(TrackingConfig(tracking_uri=f"sqlite:///{root / 'mlflow.db'}"))
+    training = [
+        f"--{key.replace('_', '-')}={'none' if value is None else value}"
+        for key, value in TINY_TRAINING.items()
+        if key != "dataset"
+    ]
+    capture = io.StringIO()
+    with contextlib.redirect_stdout(capture):
+        status = main(
+            ["sweep", "--dataset", "absent,tiny", "--towers", "1,2", "--seeds", "0",
+             "--lr-scaling", "linear", "--warmup-epochs", "0", "--per-tower-batch", "32",
+             *training, "--data-dir", str(root / "data"),
+             "--tracking-uri", tracking.tracking_uri, "--report-dir", str(root / "reports"),
+             "--json"]
+        )
+    assert status == 0, capture.getvalue()
+    return json.loads(capture.getvalue().strip().splitlines()[-1]), tracking, root
+
+
+def test_sweep_records_parent_and_one_nested_run_per_configuration(finished_sweep) -> None:
+    outcome, tracking, _ = finished_sweep
+    client = MlflowClient(tracking.tracking_uri)
+    parent = client.get_run(outcome["parent_run_id"])
+    assert parent.data.tags["towerbench.kind"] == "sweep"
+    assert parent.info.status == "FINISHED"
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+    )
+    names = {run.info.run_name: run for run in children}
+    assert sorted(names) == sorted(
+        f"towers={towers} agg=mean lr={rule} warmup=0 dataset={dataset} seed=0"
+        for towers, rule in ((1, "none"), (2, "linear"))
+        for dataset in ("absent", "tiny")
+    )
+    for run in children:
+        assert run.data.tags["towerbench.kind"] == "config"
+        assert set(TrainConfig.model_fields) <= set(run.data.params)
+
+    # The missing dataset failed with its reason; the sweep went on to train the others.
+    for towers in (1, 2):
+        failed = names[f"towers={towers} agg=mean lr={'none' if towers == 1 else 'linear'} "
+                       "warmup=0 dataset=absent seed=0"]
+        assert failed.info.status == "FAILED"
+        assert failed.data.tags["towerbench.status"] == "failed"
+        assert "absent" in failed.data.tags["towerbench.error"]
+    # The --json line: one entry per configuration, with the documented keys.
+    assert set(outcome) == {"parent_run_id", "configs", "report"}
+    statuses = sorted((c["towers"], c["seed"], c["status"]) for c in outcome["configs"])
+    assert statuses == [(1, 0, "completed"), (1, 0, "failed"), (2, 0, "completed"),
+                        (2, 0, "failed")]
+    for config in outcome["configs"]:
+        assert set(config) == {"run_id", "towers", "seed", "status", "test_accuracy"}
+        assert (config["test_accuracy"] is None) == (config["status"] == "failed")
+
+
+def _completed(finished_sweep):
+    outcome, tracking, _ = finished_sweep
+    client = MlflowClient(tracking.tracking_uri)
+    return client, [
+        client.get_run(config["run_id"])
+        for config in outcome["configs"]
+        if config["status"] == "completed"
+    ]
+
+
+def test_completed_runs_carry_params_metrics_data_version_and_artifacts(finished_sweep) -> None:
+    _, _, root = finished_sweep
+    client, runs = _completed(finished_sweep)
+    for run in runs:
+        params, metrics = run.data.params, run.data.metrics
+        towers = int(params["towers"])
+        assert int(params["global_batch"]) == 32 * towers
+        assert float(params["effective_lr"]) == pytest.approx(0.05 * towers)
+        assert params["device_kind"] in ("logical CPU", "logical GPU", "physical GPU")
+        assert len(params["device_names"].split(",")) == towers
+        # Without a DVC hash (plain `sweep`) the data version is the manifest's md5.
+        manifest = dataset_dir(root / "data", "tiny") / "manifest.json"
+        md5 = hashlib.md5(manifest.read_bytes()).hexdigest()
+        assert params["tensorflow_version"] and params["data_version"] == f"manifest-md5:{md5}"
+        assert [item.dataset.digest for item in run.inputs.dataset_inputs] == [md5]
+
+        history = client.get_metric_history(run.info.run_id, "cross_entropy")
+        assert len(history) == 2  # one point per epoch
+        assert 0.0 <= metrics["test_accuracy"] <= 1.0
+        assert metrics["images_per_sec"] > 0
+        assert ("noise_scale" in metrics) == (towers >= 2)
+        assert any(key.startswith("system/") for key in metrics)
+
+        artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
+        assert {"confusion_matrix.json", "learning_curves.png"} <= artifacts
+        assert ("gradcheck.json" in artifacts) == (towers >= 2)
+
+
+def test_logged_model_loads_and_reproduces_the_logged_accuracy(finished_sweep) -> None:
+    import model.networks  # noqa: F401 - registers the custom layers for loading
+    from tasks.evaluate import test_accuracy
+
+    _, tracking, root = finished_sweep
+    _, runs = _completed(finished_sweep)
+    mlflow.set_tracking_uri(tracking.tracking_uri)  # `models:/<id>` resolves in this store
+    for run in runs:
+        loaded = mlflow.keras.load_model(run.data.tags["towerbench.model_uri"])
+        config = TrainConfig.model_validate_json(run.data.tags["towerbench.config"])
+        accuracy = test_accuracy(loaded, config, root / "data")
+        assert accuracy == pytest.approx(run.data.metrics["test_accuracy"], abs=1e-6)
+
+
+def test_report_file_mlflow_copy_and_report_command(finished_sweep, capsys) -> None:
+    outcome, tracking, root = finished_sweep
+    report = Path(outcome["report"])
+    text = report.read_text()
+    assert "| towers=2 agg=mean lr=linear warmup=0 dataset=tiny |" in text
+    assert "failed:" in text and "baseline" in text
+    assert {path.name for path in report.parent.iterdir()} == {
+        "report.md",
+        "accuracy_vs_epoch.png",
+        "accuracy_vs_time.png",
+    }
+    client = MlflowClient(tracking.tracking_uri)
+    logged = {item.path for item in client.list_artifacts(outcome["parent_run_id"], "report")}
+    assert "report/report.md" in logged
+
+    status = main(
+        [
+            "report",
+            "--sweep",
+            outcome["parent_run_id"],
+            "--tracking-uri",
+            tracking.tracking_uri,
+            "--report-dir",
+            str(root / "again"),
+            "--target-accuracy",
+            "0.2",
+        ]
+    )
+    printed = Path(capsys.readouterr().out.strip().splitlines()[-1])
+    assert status == 0 and printed.parent.parent == root / "again"
+    assert "s to 20.0%" in printed.read_text()
+
+
+def test_prefect_markdown_artifact_links_the_parent_run(finished_sweep) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    outcome, _, _ = finished_sweep
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["sweep-report"]))
+        )
+    texts = [artifact.data for artifact in artifacts]
+    assert any(
+        "#/experiments/" in text and f"/runs/{outcome['parent_run_id']}" in text
+        and "| configuration |" in text
+        for text in texts
+    )
+
+
+def test_benchmark_report_compares_with_the_previous_benchmark(finished_sweep) -> None:
+    """A later benchmark sweep whose 2-tower run is 10 points worse than the finished one."""
+    from model.config import ReportConfig
+    from tasks.report import write_report
+
+    outcome, tracking, root = finished_sweep
+    client = MlflowClient(tracking.tracking_uri)
+    earlier = client.get_run(outcome["parent_run_id"])
+    client.set_tag(earlier.info.run_id, "towerbench.flow", "benchmark")
+    later = client.create_run(
+        earlier.info.experiment_id,
+        run_name="benchmark later",
+        tags={"towerbench.kind": "sweep", "towerbench.flow": "benchmark"},
+    )
+    client.log_param(later.info.run_id, "data_version", earlier.data.params["data_version"])
+    (source,) = [
+        client.get_run(config["run_id"])
+        for config in outcome["configs"]
+        if config["status"] == "completed" and config["towers"] == 2
+    ]
+    child = client.create_run(
+        earlier.info.experiment_id,
+        run_name=source.info.run_name,
+        tags={
+            key: value for key, value in source.data.tags.items()
+            if key.startswith("towerbench.")
+        } | {"mlflow.parentRunId": later.info.run_id},
+    )
+    accuracy = source.data.metrics["test_accuracy"] - 0.1
+    for key, value in (("epoch", 2.0), ("wall_time", 5.0), ("test_accuracy", accuracy)):
+        client.log_metric(child.info.run_id, key, value, step=1)
+    client.set_terminated(child.info.run_id)
+    client.set_terminated(later.info.run_id)
+
+    report = write_report(tracking, later.info.run_id, ReportConfig(report_dir=root / "later"))
+    section = report.read_text().split("## Compared with the previous benchmark")[1]
+    assert f"run `{earlier.info.run_id}` (same data version)" in section
+    assert "| towers=2 agg=mean lr=linear warmup=0 dataset=tiny |" in section
+    assert "-10.00 pp" in section
