@@ -6,12 +6,16 @@ Both sides train the same configuration on the same TFRecords, interleaved round
           Prefect flow and task runs, MLflow parent and child runs, the training in its own
           process (for isolation), live metrics, the evaluation artifacts and the report.
 An empty flow first starts Prefect's temporary server; the timed rounds reuse it, as they would
-a running `prefect server`. Prefect and MLflow state go to a temporary folder.
+a running `prefect server`. Prefect and MLflow state go to a temporary folder. A third
+candidate starts a Python process importing what the training process imports: the part of the
+overhead that process isolation costs.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +49,16 @@ def _start_prefect_server() -> None:
     flow(name="bench-start-server")(lambda: None)()
 
 
+def _start_training_process() -> None:
+    """What the flow's one-process-per-configuration costs before training: a Python process
+    importing TensorFlow, MLflow and the evaluation task (as tasks/train_worker.py does)."""
+    subprocess.run(
+        [sys.executable, "-c", "import tensorflow, mlflow, tasks.evaluate, model.training"],
+        check=True,
+        capture_output=True,
+    )
+
+
 def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> dict[str, Any]:
     """Median seconds of the direct call and of the flow, and their difference."""
     from flows.sweep import sweep
@@ -73,12 +87,14 @@ def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> d
         {
             "direct": lambda: time_once(lambda: train(config, data.data_dir)),
             "flow": lambda: time_once(flow_run),
+            "process_start": lambda: time_once(_start_training_process),
         },
         settings.orchestration_repeats,
         settings.orchestration_warmup,
     )
     direct, flow_seconds = timings["direct"].median, timings["flow"].median
     return {
+        "process_start_seconds": timings["process_start"].median,
         "train_examples": settings.orchestration_train_examples,
         "epochs": settings.orchestration_epochs,
         "direct_seconds": direct,

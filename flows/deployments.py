@@ -94,6 +94,9 @@ def run_ui(params: Params, params_path: Path) -> None:
     for port in (PREFECT_PORT, MLFLOW_PORT):
         if not _port_free(port):
             raise TowerbenchError(f"{HOST}:{port} is already in use; stop what runs there first")
+    # Ctrl-C (even if the shell started us with SIGINT ignored) and `kill` both end in `finally`.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     tracking = params.tracking
     # Children get their own sessions, so Ctrl-C reaches only this process, which then stops
     # `serve` first (while its server still answers) and the servers after it.
@@ -140,9 +143,9 @@ def run_ui(params: Params, params_path: Path) -> None:
 
 
 def _stop(process: subprocess.Popen, grace_seconds: float = 20) -> None:
-    """Ctrl-C for a graceful stop; killed if it is still running after the grace period."""
+    """SIGTERM (each of them shuts down gracefully on it); killed after the grace period."""
     if process.poll() is None:
-        process.send_signal(signal.SIGINT)
+        process.terminate()
     try:
         process.wait(timeout=grace_seconds)
     except subprocess.TimeoutExpired:

@@ -55,6 +55,7 @@ def add_model_options(
         if not field.is_required():
             default = field.get_default(call_default_factory=True)
             help_text += f" (default: {default})"
+        help_text = help_text.replace("%", "%%")  # argparse formats help with %-interpolation
         if _is_bool(field.annotation) and name not in as_lists:
             parser.add_argument(
                 option_name(name),

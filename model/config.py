@@ -298,7 +298,7 @@ class ReportConfig(StrictModel):
         None,
         gt=0,
         le=1,
-        description="Test accuracy for time-to-accuracy; default: 95% of the 1-tower mean.",
+        description="Test accuracy for time-to-accuracy; default: 0.95 x the 1-tower mean.",
     )
     report_dir: Path = Field(Path("reports"), description="Folder the markdown reports go to.")
 

@@ -19,6 +19,7 @@ matplotlib.use("Agg")  # no display: figures only go to files
 
 import matplotlib.pyplot as plt  # noqa: E402
 from mlflow.entities import Run  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
 from prefect import task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
@@ -87,7 +88,7 @@ def load_sweep(tracking: TrackingConfig, parent_run_id: str) -> tuple[Run, list[
     client = client_for(tracking)
     try:
         parent = client.get_run(parent_run_id)
-    except Exception as error:  # noqa: BLE001 - MLflow raises several types for a missing run
+    except MlflowException as error:
         raise TowerbenchError(
             f"--sweep: no MLflow run {parent_run_id!r} in {tracking.tracking_uri}"
         ) from error

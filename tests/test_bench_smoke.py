@@ -24,6 +24,7 @@ from model.networks import build_network
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(
     mode="smoke", repeats=1, warmup=1, towers=(1, 2), fixed_global_batch=16, per_tower_batch=8,
+    per_tower_towers=(1, 2),
     keras_towers=(1, 2), roofline_batch=8, examples_per_repeat=16, roofline_sizes=(64, 128),
     pipeline_examples=200, preprocess_images_per_file=40,
 )

@@ -53,3 +53,20 @@ def test_optional_field_accepts_none() -> None:
 def test_bad_values_name_the_option(argv: list[str], named: str) -> None:
     with pytest.raises(TowerbenchError, match=f"^{named}: "):
         parse_train_config(argv)
+
+
+def test_every_subcommand_renders_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from flows.cli import build_parser
+
+    parser = build_parser()
+    commands = next(
+        action for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+    ).choices
+    assert {"fetch", "preprocess", "train", "gradcheck", "pipeline", "sweep", "bench"} <= set(
+        commands
+    )
+    for name in commands:
+        with pytest.raises(SystemExit) as exit_info:
+            parser.parse_args([name, "--help"])
+        assert exit_info.value.code == 0, name
+        assert f"usage: towerbench {name}" in capsys.readouterr().out

@@ -99,3 +99,10 @@ def test_sweep_options_split_into_base_axes_and_grid() -> None:
     bad = build_parser().parse_args(["sweep", "--towers", "1,zero"])
     with pytest.raises(TowerbenchError, match="--towers"):
         sweep_config_from_args(bad)
+
+
+@pytest.mark.parametrize("command", ["pipeline", "sweep", "report", "serve", "ui"])
+def test_help_renders(command: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([command, "--help"])
+    assert exit_info.value.code == 0 and "--tracking-uri" in capsys.readouterr().out

@@ -203,7 +203,7 @@ def test_report_file_mlflow_copy_and_report_command(finished_sweep, capsys) -> N
     assert "s to 20.0%" in printed.read_text()
 
 
-def test_prefect_markdown_artifact_links_the_parent_run(finished_sweep) -> None:
+def test_prefect_artifacts_progress_and_report_linking_the_parent_run(finished_sweep) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
@@ -212,6 +212,10 @@ def test_prefect_markdown_artifact_links_the_parent_run(finished_sweep) -> None:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["sweep-report"]))
         )
+        progress = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["sweep-progress"]))
+        )
+    assert progress and all(artifact.data == 100 for artifact in progress)
     texts = [artifact.data for artifact in artifacts]
     assert any(
         "#/experiments/" in text and f"/runs/{outcome['parent_run_id']}" in text

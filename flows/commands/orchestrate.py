@@ -34,14 +34,10 @@ def _prepare_prefect() -> None:
     )
 
 
-def _overrides(model: type, args: argparse.Namespace) -> dict[str, Any]:
-    return values_from_args(model, args)
-
-
 def _tracking(args: argparse.Namespace, base: TrackingConfig) -> TrackingConfig:
     from tasks.tracking import resolve_tracking
 
-    overrides = _overrides(TrackingConfig, args)
+    overrides = values_from_args(TrackingConfig, args)
     values = {**base.model_dump(exclude_unset=True), **overrides}
     if "tracking_uri" in overrides and "artifact_root" not in overrides:
         values.pop("artifact_root", None)  # it belonged to the replaced store
@@ -156,10 +152,6 @@ def run_ui_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_tracking_options(parser: argparse.ArgumentParser) -> None:
-    add_model_options(parser, TrackingConfig)
-
-
 def _add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="End with one JSON line summarising the sweep."
@@ -172,7 +164,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "pipeline", help="fetch -> preprocess (DVC) -> sweep -> report, as set in params.yaml."
     )
     pipeline.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="Params file.")
-    _add_tracking_options(pipeline)
+    add_model_options(pipeline, TrackingConfig)
     _add_json(pipeline)
     pipeline.set_defaults(handler=run_pipeline_command)
 
@@ -188,7 +180,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_options(sweep, TrainConfig, skip=frozenset(SWEEP_AXES), as_lists=TRAIN_LIST_FIELDS)
     add_model_options(sweep, DataConfig)
     add_model_options(sweep, ReportConfig)
-    _add_tracking_options(sweep)
+    add_model_options(sweep, TrackingConfig)
     _add_json(sweep)
     sweep.set_defaults(handler=run_sweep_command)
 
@@ -197,7 +189,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sweep", required=True, metavar="PARENT_RUN_ID", help="The sweep's MLflow parent run."
     )
     add_model_options(report, ReportConfig)
-    _add_tracking_options(report)
+    add_model_options(report, TrackingConfig)
     report.set_defaults(handler=run_report_command)
 
     serve = subparsers.add_parser(
@@ -205,12 +197,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Serve the pipeline (on demand) and benchmark (on its cron) deployments.",
     )
     serve.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="Params file.")
-    _add_tracking_options(serve)
+    add_model_options(serve, TrackingConfig)
     serve.set_defaults(handler=run_serve_command)
 
     ui = subparsers.add_parser(
         "ui", help="Local Prefect server (:4200), MLflow UI (:5000) and `towerbench serve`."
     )
     ui.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="Params file.")
-    _add_tracking_options(ui)
+    add_model_options(ui, TrackingConfig)
     ui.set_defaults(handler=run_ui_command)
