@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     # TensorFlow's C++ start-up chatter hides the output users came for.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Offline by default: no usage reports from the Prefect server or DVC.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DVC_NO_ANALYTICS", "1")
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)

@@ -20,6 +20,7 @@ os.environ.update(
         "TF_CPP_MIN_LOG_LEVEL": "2",
     }
 )
+(_SANDBOX / "prefect").mkdir()  # Prefect's temporary server cannot create its home itself
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("MLFLOW_RUN_ID", None)
 
