@@ -8,6 +8,7 @@ import io
 import shutil
 import tarfile
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -60,12 +61,16 @@ def cifar10_archive(tmp_path_factory):
     return path, make_cifar10_archive(path)
 
 
+def _fetch_argv(source: str, url: str, md5: str, data: Path, *extra: str) -> list[str]:
+    """`towerbench fetch` of an archive with its md5 into `data`."""
+    return ["fetch", source, "--url", url, "--md5", md5, "--data-dir", str(data), *extra]
+
+
 def test_cifar10_over_http_gives_the_archive_images_and_labels(tmp_path, cifar10_archive):
     archive, truth = cifar10_archive
     data = tmp_path / "data"
     with http_server({"/c.tar.gz": archive.read_bytes()}) as (url, _):
-        argv = ["fetch", "cifar10", "--url", f"{url}/c.tar.gz", "--md5", _md5(archive)]
-        assert main([*argv, "--data-dir", str(data)]) == 0
+        assert main(_fetch_argv("cifar10", f"{url}/c.tar.gz", _md5(archive), data)) == 0
     assert main(["preprocess", "cifar10", "--data-dir", str(data), "--shards", "3"]) == 0
     manifest = load_manifest(dataset_dir(data, "cifar10"))
     assert manifest.classes == CIFAR10_CLASSES
@@ -82,21 +87,7 @@ def test_cifar100_keeps_fine_labels_by_default_and_coarse_on_request(tmp_path):
     archive = tmp_path / "cifar-100-binary.tar.gz"
     train_labels = make_cifar100_archive(archive)
     data = tmp_path / "data"
-    assert (
-        main(
-            [
-                "fetch",
-                "cifar100",
-                "--url",
-                f"file://{archive}",
-                "--md5",
-                _md5(archive),
-                "--data-dir",
-                str(data),
-            ]
-        )
-        == 0
-    )
+    assert main(_fetch_argv("cifar100", f"file://{archive}", _md5(archive), data)) == 0
     for label_set, column, count in (("fine", 1, 100), ("coarse", 0, 20)):
         assert (
             main(
@@ -139,18 +130,7 @@ def test_dropped_connection_is_resumed_by_the_next_fetch(tmp_path, capsys, cifar
     payload = archive.read_bytes()
     data = tmp_path / "data"
     with http_server({"/c.tar.gz": payload}, drop_first=True) as (url, ranges):
-        argv = [
-            "fetch",
-            "cifar10",
-            "--url",
-            f"{url}/c.tar.gz",
-            "--md5",
-            _md5(archive),
-            "--retries",
-            "0",
-            "--data-dir",
-            str(data),
-        ]
+        argv = _fetch_argv("cifar10", f"{url}/c.tar.gz", _md5(archive), data, "--retries", "0")
         _fails(capsys, argv, f"{url}/c.tar.gz", "resume")
         part = data / "raw" / "cifar10" / "cifar-10-binary.tar.gz.part"
         assert 0 < part.stat().st_size < len(payload)
@@ -163,23 +143,8 @@ def test_dropped_connection_is_resumed_by_the_next_fetch(tmp_path, capsys, cifar
 def test_retry_within_one_fetch_resumes_too(tmp_path, cifar10_archive):
     archive, _ = cifar10_archive
     with http_server({"/c.tar.gz": archive.read_bytes()}, drop_first=True) as (url, ranges):
-        assert (
-            main(
-                [
-                    "fetch",
-                    "cifar10",
-                    "--url",
-                    f"{url}/c.tar.gz",
-                    "--md5",
-                    _md5(archive),
-                    "--retries",
-                    "1",
-                    "--data-dir",
-                    str(tmp_path),
-                ]
-            )
-            == 0
-        )
+        argv = _fetch_argv("cifar10", f"{url}/c.tar.gz", _md5(archive), tmp_path, "--retries", "1")
+        assert main(argv) == 0
         assert len(ranges) == 2 and ranges[1].startswith("bytes=")
 
 

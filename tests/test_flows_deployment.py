@@ -34,17 +34,13 @@ def write_project(folder: Path) -> dict:
         "fetch": {"source": "digits", "name": "digits"},
         "preprocess": {"shards": 1},
         "data": {"data_dir": "data"},
+        # The digits preset turns off crop, flip and colour distortions.
         "train": {
             "dataset": "digits",
             "epochs": 1,
             "reference_batch": 32,
             "base_lr": 0.05,
             "decay": "constant",
-            "crop_size": None,
-            "random_flip": False,
-            "brightness_delta": 0,
-            "contrast_lower": 1.0,
-            "contrast_upper": 1.0,
         },
         "sweep": {"towers": [2], "seeds": [0], "warmup_epochs": [0], "per_tower_batch": 32},
         "tracking": {"tracking_uri": f"sqlite:///{folder / 'mlflow.db'}"},

@@ -156,9 +156,27 @@ def test_completed_runs_carry_params_metrics_data_version_and_artifacts(finished
         assert ("gradcheck.json" in artifacts) == (towers >= 2)
 
 
+def accuracy_on_test_split(model, config: TrainConfig, data_dir: Path) -> float:
+    """Accuracy of `model` on every test example once, with the trainer's evaluation input."""
+    from model.input_pipeline import evaluation_dataset
+    from model.tfrecords import load_manifest, split_files
+
+    folder = dataset_dir(data_dir, config.dataset)
+    manifest = load_manifest(folder)
+    files = split_files(folder, manifest, "test")
+    correct = total = 0
+    for images, labels, mask in evaluation_dataset(
+        files, manifest.image_shape, config.crop_size, batch=64
+    ):
+        predicted = np.argmax(model(images, training=False), axis=-1)  # (batch,)
+        valid = mask.numpy()  # padding at the end of the last batch is not counted
+        correct += int(np.sum(predicted[valid] == labels.numpy()[valid]))
+        total += int(valid.sum())
+    return correct / total
+
+
 def test_logged_model_loads_and_reproduces_the_logged_accuracy(finished_sweep) -> None:
     import model.networks  # noqa: F401 - registers the custom layers for loading
-    from tasks.evaluate import test_accuracy
 
     _, tracking, root = finished_sweep
     _, runs = _completed(finished_sweep)
@@ -166,7 +184,7 @@ def test_logged_model_loads_and_reproduces_the_logged_accuracy(finished_sweep) -
     for run in runs:
         loaded = mlflow.keras.load_model(run.data.tags["towerbench.model_uri"])
         config = TrainConfig.model_validate_json(run.data.tags["towerbench.config"])
-        accuracy = test_accuracy(loaded, config, root / "data")
+        accuracy = accuracy_on_test_split(loaded, config, root / "data")
         assert accuracy == pytest.approx(run.data.metrics["test_accuracy"], abs=1e-6)
 
 
