@@ -8,19 +8,14 @@ from prefect import flow
 
 from flows.sweep import FlowKind, sweep
 from model.config import PipelineConfig
-from tasks.preprocess import update_dataset_task
-
-# `dvc repro` runs the fetch stage (the download) when it is stale: retrying can help there.
-update_dataset_with_retries = update_dataset_task.with_options(
-    retries=2, retry_delay_seconds=[10, 60]
-)
+from tasks.fetch import fetch_task
+from tasks.preprocess import preprocess_task
 
 
 def run_pipeline(config: PipelineConfig, kind: FlowKind) -> dict[str, Any]:
     """Bring the data up to date through DVC, then sweep with its hash as the data version."""
-    data_version = update_dataset_with_retries(
-        config.project_dir, config.fetch, config.preprocess
-    )
+    fetch_task(config.project_dir, config.fetch)
+    data_version = preprocess_task(config.project_dir, config.preprocess)
     return sweep(
         sweep=config.sweep,
         tracking=config.tracking,

@@ -1,4 +1,4 @@
-"""Prefect task: fetch a dataset's raw files (network I/O, so it retries)."""
+"""Prefect task: fetch a dataset's raw files through DVC (network I/O, so it retries)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from pathlib import Path
 
 from prefect import task
 
-from model.config import DataConfig, FetchConfig
-from model.sources import fetch
+from model.config import FetchConfig
+from tasks.dvc_stages import FETCH_STAGE, repro_stage
 
 
-@task(name="fetch", retries=2, retry_delay_seconds=[5, 30])
-def fetch_task(config: FetchConfig, data: DataConfig) -> Path:
-    """DATA_DIR/raw/<name>/, verified and complete (see model.sources.fetch)."""
-    return fetch(config, data.data_dir)
+@task(name="fetch", retries=2, retry_delay_seconds=[10, 60])
+def fetch_task(repo: Path, config: FetchConfig) -> None:
+    """`dvc repro fetch` in `repo`: downloads only when the raw data is stale."""
+    repro_stage(repo, FETCH_STAGE, {"fetch": config})

@@ -11,7 +11,7 @@ import pytest
 
 from model.errors import TowerbenchError
 from model.tfrecords import dataset_dir, load_manifest
-from tasks.preprocess import _run_dvc, update_dataset
+from tasks.dvc_stages import _run_dvc, update_dataset
 
 PROJECT = Path(__file__).resolve().parents[1]
 
