@@ -252,16 +252,7 @@ def test_record_file_of_wrong_size_is_refused(tmp_path, capsys):
             out.addfile(member, io.BytesIO(content))
     _fails(
         capsys,
-        [
-            "fetch",
-            "cifar10",
-            "--url",
-            str(bad),
-            "--md5",
-            _md5(bad),
-            "--data-dir",
-            str(tmp_path / "data"),
-        ],
+        _fetch_argv("cifar10", str(bad), _md5(bad), tmp_path / "data"),
         "test_batch.bin",
         "3073",
     )
@@ -280,16 +271,7 @@ def test_cifar100_record_size_must_be_a_multiple_of_3074(tmp_path, capsys):
             out.addfile(info, io.BytesIO(content))
     _fails(
         capsys,
-        [
-            "fetch",
-            "cifar100",
-            "--url",
-            str(archive),
-            "--md5",
-            _md5(archive),
-            "--data-dir",
-            str(tmp_path / "data"),
-        ],
+        _fetch_argv("cifar100", str(archive), _md5(archive), tmp_path / "data"),
         "train.bin",
         "3074",
     )
