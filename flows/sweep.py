@@ -98,8 +98,6 @@ def sweep(
                 config=config,
                 data_dir=data_dir,
                 tracking_uri=tracking.tracking_uri or "",
-                experiment_id=experiment_id,
-                parent_run_id=parent_run_id,
                 run_id=run_id,
                 data_version=versions[config.dataset],
             )

@@ -186,10 +186,8 @@ class TrainConfig(StrictModel):
 
     @model_validator(mode="after")
     def _apply_presets_and_check(self) -> TrainConfig:
-        preset = {**MODEL_PRESETS.get(self.model, {}), **DATASET_PRESETS.get(self.dataset, {})}
-        for name, value in preset.items():
-            if name not in self.model_fields_set:
-                self.__dict__[name] = value  # a constant of ours: no re-validation needed
+        for name, value in self.preset_fields().items():
+            self.__dict__[name] = value  # a constant of ours: no re-validation needed
         if self.contrast_upper < self.contrast_lower:
             raise ValueError(
                 f"--contrast-upper {self.contrast_upper} is below --contrast-lower "

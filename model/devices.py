@@ -84,7 +84,7 @@ def configure_tower_devices(
     gpus = tf.config.list_physical_devices("GPU")
     plan = plan_devices(towers, device_type, len(gpus))
     if plan.device_type == "CPU":
-        _split(tf.config.list_physical_devices("CPU")[0], plan.logical_devices, None)
+        split_cpu(plan.logical_devices)
     elif plan.logical_devices:
         _split(gpus[0], plan.logical_devices, LOGICAL_GPU_MEMORY_MB)
     logical = [device.name for device in tf.config.list_logical_devices(plan.device_type)]

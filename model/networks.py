@@ -12,8 +12,6 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-NETWORK_NAMES = ("tutorial", "resnet20")
-
 
 @dataclass
 class Network:
@@ -142,5 +140,5 @@ def build_network(name: str, input_shape: Sequence[int], num_classes: int, seed:
     """Build network `name` for images of `input_shape` (H, W, C) and `num_classes` classes."""
     builders = {"tutorial": tutorial_network, "resnet20": resnet20_network}
     if name not in builders:
-        raise ValueError(f"unknown network {name!r}; choose one of {', '.join(NETWORK_NAMES)}")
+        raise ValueError(f"unknown network {name!r}; choose one of {', '.join(builders)}")
     return builders[name](input_shape, num_classes, seed)

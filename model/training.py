@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ import numpy as np
 from model.config import TrainConfig
 from model.devices import TowerDevices, configure_tower_devices
 from model.errors import TowerbenchError
+from model.sources.layout import write_atomically
 
 ProgressCallback = Callable[[dict[str, float]], None]
 # Seconds between live progress reports (each one reads metrics from the devices).
@@ -52,10 +51,7 @@ class TrainResult:
 
 
 def _write_json_atomically(path: Path, payload: Any) -> None:
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(handle, "w") as stream:
-        json.dump(payload, stream, indent=2)
-    os.replace(temporary, path)
+    write_atomically(path, json.dumps(payload, indent=2).encode())
 
 
 def check_config_against_data(config: TrainConfig, manifest) -> None:
@@ -82,10 +78,10 @@ def check_config_against_data(config: TrainConfig, manifest) -> None:
 
 
 def _load_dataset(config: TrainConfig, data_dir: Path):
-    from model.tfrecords import dataset_dir, load_manifest, split_files
+    from model.tfrecords import MANIFEST_NAME, dataset_dir, load_manifest, split_files
 
     folder = dataset_dir(data_dir, config.dataset)
-    if not (folder / "manifest.json").is_file():
+    if not (folder / MANIFEST_NAME).is_file():
         raise TowerbenchError(
             f"--dataset {config.dataset}: no preprocessed data in {folder}; run "
             f"`towerbench preprocess {config.dataset} --data-dir {data_dir}` first"
@@ -260,11 +256,10 @@ def train(
 
 
 class _Clock:
-    """Training time without evaluation, and steady-state speed without tracing/compiling."""
+    """Wall time, and steady-state speed without tracing/compiling."""
 
     def __init__(self):
         self.started = time.perf_counter()
-        self.eval_free_seconds = 0.0
         self.steady_seconds = 0.0
         self.steady_images = 0
         self.epoch_seconds = 0.0
@@ -309,8 +304,10 @@ def _final_metrics(history, confusion, evaluator, trainer, devices: TowerDevices
     ema_accuracy = next(
         (entry["ema_test_accuracy"] for entry in reversed(history)
          if not math.isnan(entry["ema_test_accuracy"])),
-        _accuracy(evaluator.confusion(trainer.ema_weights)),
+        None,
     )
+    if ema_accuracy is None:  # no epoch evaluated the EMA weights in this process
+        ema_accuracy = _accuracy(evaluator.confusion(trainer.ema_weights))
     final = {
         "test_accuracy": _accuracy(confusion),
         "ema_test_accuracy": ema_accuracy,

@@ -7,11 +7,10 @@ from pathlib import Path
 from prefect import task
 
 from model.config import PreprocessConfig
-from tasks.dvc_stages import PREPROCESS_STAGE, data_version, repro_stage
+from tasks.dvc_stages import update_dataset
 
 
 @task(name="preprocess")
 def preprocess_task(repo: Path, config: PreprocessConfig) -> str:
     """`dvc repro preprocess` in `repo`; the DVC content hash of the TFRecords."""
-    repro_stage(repo, PREPROCESS_STAGE, {"preprocess": config})
-    return data_version(repo)
+    return update_dataset(repo, preprocess_config=config)

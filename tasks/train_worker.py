@@ -34,8 +34,6 @@ class WorkerRequest(BaseModel):
     config: TrainConfig
     data_dir: Path
     tracking_uri: str
-    experiment_id: str
-    parent_run_id: str
     run_id: str
     data_version: str
 

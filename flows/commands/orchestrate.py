@@ -13,6 +13,7 @@ from flows.options import add_model_options, build_model, values_from_args
 from model.config import (
     SWEEP_AXES,
     DataConfig,
+    Params,
     ReportConfig,
     SweepConfig,
     SweepGrid,
@@ -132,23 +133,25 @@ def run_report_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_serve_command(args: argparse.Namespace) -> int:
-    from flows.deployments import serve
+def _params_with_tracking(args: argparse.Namespace) -> Params:
+    """params.yaml with the tracking options of the command line applied."""
     from flows.params import load_params
 
     params = load_params(args.params)
-    tracking = _tracking(args, params.tracking)
-    serve(params.model_copy(update={"tracking": tracking}), args.params.resolve().parent)
+    return params.model_copy(update={"tracking": _tracking(args, params.tracking)})
+
+
+def run_serve_command(args: argparse.Namespace) -> int:
+    from flows.deployments import serve
+
+    serve(_params_with_tracking(args), args.params.resolve().parent)
     return 0
 
 
 def run_ui_command(args: argparse.Namespace) -> int:
     from flows.deployments import run_ui
-    from flows.params import load_params
 
-    params = load_params(args.params)
-    tracking = _tracking(args, params.tracking)
-    run_ui(params.model_copy(update={"tracking": tracking}), args.params)
+    run_ui(_params_with_tracking(args), args.params)
     return 0
 
 
