@@ -29,6 +29,7 @@ ui: install
 
 lint: install
 	$(BIN)/ruff check model tasks flows tests
+	$(BIN)/ruff format --check model tasks flows tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

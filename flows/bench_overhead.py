@@ -65,13 +65,20 @@ def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> d
     from model.training import train
 
     data = DataConfig(data_dir=work_dir / "data")
-    write_synthetic_cifar(data.data_dir, DATASET, settings.orchestration_train_examples,
-                          TEST_EXAMPLES)
-    config = TrainConfig(dataset=DATASET, towers=1, global_batch=128,
-                         epochs=settings.orchestration_epochs)
-    single = SweepConfig(base=config, towers=[1], seeds=[config.seed],
-                         aggregation=[config.aggregation], lr_scaling=[config.lr_scaling],
-                         warmup_epochs=[config.warmup_epochs])
+    write_synthetic_cifar(
+        data.data_dir, DATASET, settings.orchestration_train_examples, TEST_EXAMPLES
+    )
+    config = TrainConfig(
+        dataset=DATASET, towers=1, global_batch=128, epochs=settings.orchestration_epochs
+    )
+    single = SweepConfig(
+        base=config,
+        towers=[1],
+        seeds=[config.seed],
+        aggregation=[config.aggregation],
+        lr_scaling=[config.lr_scaling],
+        warmup_epochs=[config.warmup_epochs],
+    )
     tracking = TrackingConfig(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
     report = ReportConfig(report_dir=work_dir / "reports")
 
@@ -79,8 +86,10 @@ def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> d
         outcome = sweep(sweep=single, tracking=tracking, report=report, data=data)
         run = outcome["configs"][0]
         if run["status"] != "completed":
-            raise TowerbenchError(f"bench: the flow's training run {run['status']}: "
-                                  f"{run.get('error', 'no error message')}")
+            raise TowerbenchError(
+                f"bench: the flow's training run {run['status']}: "
+                f"{run.get('error', 'no error message')}"
+            )
 
     _start_prefect_server()
     timings = interleaved(

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -16,13 +14,10 @@ from model.bench.summary import (
     roofline,
     target_rows,
 )
+from model.sources.layout import write_atomically
+from tasks.markdown import markdown_table
 
 MET = {True: "yes", False: "**no**", None: "—"}
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 def render_markdown(
@@ -42,24 +37,34 @@ def render_markdown(
         "",
         "## Machine",
         "",
-        *_table(["", ""], [[key, f"`{value}`"] for key, value in machine.items()]),
+        markdown_table(["", ""], [[key, f"`{value}`"] for key, value in machine.items()]),
         "",
         "## Targets",
         "",
-        *_table(
+        markdown_table(
             ["Figure", "Target", "Measured", "Met"],
-            [[row.figure, row.target, row.measured, MET[row.met]]
-             for row in target_rows(summary, settings)],
+            [
+                [row.figure, row.target, row.measured, MET[row.met]]
+                for row in target_rows(summary, settings)
+            ],
         ),
         "",
         "## Training step (`tutorial` network, fixed in-memory batch)",
         "",
-        *_table(
+        markdown_table(
             ["Runner", "Towers", "Global batch", "Step (ms)", "Images/s"],
-            [[step["runner"], str(step["towers"]), str(step["global_batch"]),
-              f"{step['step_seconds'] * 1e3:.1f}", f"{step['images_per_sec']:.0f}"]
-             for step in sorted(results["steps"], key=lambda s: (s["runner"], s["global_batch"],
-                                                                 s["towers"]))],
+            [
+                [
+                    step["runner"],
+                    str(step["towers"]),
+                    str(step["global_batch"]),
+                    f"{step['step_seconds'] * 1e3:.1f}",
+                    f"{step['images_per_sec']:.0f}",
+                ]
+                for step in sorted(
+                    results["steps"], key=lambda s: (s["runner"], s["global_batch"], s["towers"])
+                )
+            ],
         ),
         "",
         *_flops_section(results, settings),
@@ -77,8 +82,10 @@ def render_markdown(
 def _flops_section(results: dict[str, Any], settings: BenchSettings) -> list[str]:
     flops = results["flops_per_example"]
     best = roofline(results)
-    rates = ", ".join(f"{size}²: {rate / 1e9:.1f} GFLOP/s"
-                      for size, rate in results["matmul_flops_per_sec"].items())
+    rates = ", ".join(
+        f"{size}²: {rate / 1e9:.1f} GFLOP/s"
+        for size, rate in results["matmul_flops_per_sec"].items()
+    )
     ours = achieved_flops(results, settings)
     keras = achieved_flops(results, settings, "keras_mirrored")
     return [
@@ -128,7 +135,4 @@ def _data_sections(results: dict[str, Any], summary: dict[str, Any]) -> list[str
 def write_markdown(path: Path, text: str) -> None:
     """Write `text` to `path` atomically (a temporary file renamed into place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(handle, "w") as stream:
-        stream.write(text)
-    os.replace(temporary, path)
+    write_atomically(path, text.encode())

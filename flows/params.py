@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -22,11 +23,8 @@ def _problems(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def load_params(path: Path) -> Params:
-    """Read and validate a params file; paths in it are made absolute against its folder.
-
-    Absolute paths matter because a served deployment runs its flows from another directory.
-    """
+def read_sections(path: Path) -> dict[str, Any]:
+    """The raw sections of a params file, with a clear error for a missing file or bad YAML."""
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
@@ -35,6 +33,15 @@ def load_params(path: Path) -> Params:
         raise TowerbenchError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise TowerbenchError(f"{path}: expected sections (fetch:, train:, ...), got {raw!r}")
+    return raw
+
+
+def load_params(path: Path) -> Params:
+    """Read and validate a params file; paths in it are made absolute against its folder.
+
+    Absolute paths matter because a served deployment runs its flows from another directory.
+    """
+    raw = read_sections(path)
     try:
         params = Params.model_validate(raw)
     except ValidationError as error:

@@ -27,8 +27,13 @@ def _difference(a: list[np.ndarray], b: list[np.ndarray], names: list[str]) -> d
     for name, left, right in zip(names, a, b, strict=True):
         absolute = float(np.max(np.abs(left - right)))
         scale = float(np.max(np.abs(right)))
-        per_variable.append({"variable": name, "max_abs_diff": absolute,
-                             "rel_diff": absolute / scale if scale else absolute})
+        per_variable.append(
+            {
+                "variable": name,
+                "max_abs_diff": absolute,
+                "rel_diff": absolute / scale if scale else absolute,
+            }
+        )
     return {
         "max_abs_diff": max(item["max_abs_diff"] for item in per_variable),
         "max_rel_diff": max(item["rel_diff"] for item in per_variable),
@@ -45,16 +50,21 @@ def _comparison(grads, weights, reference_grads, reference_weights, names) -> di
         "weights_max_abs_diff": after_step["max_abs_diff"],
         "weights_max_rel_diff": after_step["max_rel_diff"],
         "per_variable": [
-            {"variable": g["variable"], "grad_max_abs_diff": g["max_abs_diff"],
-             "grad_rel_diff": g["rel_diff"], "weight_max_abs_diff": w["max_abs_diff"],
-             "weight_rel_diff": w["rel_diff"]}
+            {
+                "variable": g["variable"],
+                "grad_max_abs_diff": g["max_abs_diff"],
+                "grad_rel_diff": g["rel_diff"],
+                "weight_max_abs_diff": w["max_abs_diff"],
+                "weight_rel_diff": w["rel_diff"],
+            }
             for g, w in zip(gradient["per_variable"], after_step["per_variable"], strict=True)
         ],
     }
 
 
-def _tower_run(model_name, initial, devices: TowerDevices, aggregation, weight_decay, seed,
-               images, labels):
+def _tower_run(
+    model_name, initial, devices: TowerDevices, aggregation, weight_decay, seed, images, labels
+):
     """(data gradients, weights after one step) of the tower trainer."""
     import keras
     import tensorflow as tf
@@ -65,8 +75,9 @@ def _tower_run(model_name, initial, devices: TowerDevices, aggregation, weight_d
     with tf.device(devices.parameter_device):
         network = build_network(model_name, images.shape[1:], NUM_CLASSES, seed)
     network.model.set_weights(initial)
-    trainer = TowerTrainer(network, keras.optimizers.SGD(GRADCHECK_LR), devices, aggregation,
-                           weight_decay)
+    trainer = TowerTrainer(
+        network, keras.optimizers.SGD(GRADCHECK_LR), devices, aggregation, weight_decay
+    )
     gradients = [g.numpy() for g in trainer.gradients(images, labels).data_gradients]
     trainer.step(images, labels)
     return gradients, [v.numpy() for v in network.model.trainable_variables]
@@ -98,7 +109,7 @@ def _mirrored_run(model_name, initial, devices: TowerDevices, weight_decay, seed
     def shard(context):
         size = batch // towers
         start = context.replica_id_in_sync_group * size
-        return images[start:start + size], labels[start:start + size]
+        return images[start : start + size], labels[start : start + size]
 
     def replica_step(inputs):
         shard_images, shard_labels = inputs
@@ -110,8 +121,10 @@ def _mirrored_run(model_name, initial, devices: TowerDevices, weight_decay, seed
             decay_loss = tf.nn.scale_regularization_loss(decay)
         data_gradients = tape.gradient(data_loss, variables)
         decay_gradients = tape.gradient(decay_loss, variables)
-        total = [g + d if id(v) in decayed else g
-                 for g, d, v in zip(data_gradients, decay_gradients, variables, strict=True)]
+        total = [
+            g + d if id(v) in decayed else g
+            for g, d, v in zip(data_gradients, decay_gradients, variables, strict=True)
+        ]
         optimizer.apply_gradients(zip(total, variables, strict=True))  # sums over replicas
         return data_gradients
 
@@ -181,8 +194,10 @@ def run_gradcheck(model: str, towers: int, global_batch: int, seed: int = 0) -> 
 
     k_times_mean = [towers * g for g in mean[0]]
     sum_diff = _difference(summed[0], k_times_mean, names)
-    ratio = float(np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in summed[0]))
-                  / np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in mean[0])))
+    ratio = float(
+        np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in summed[0]))
+        / np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in mean[0]))
+    )
     result: dict[str, Any] = {
         "model": model,
         "towers": towers,

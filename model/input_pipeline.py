@@ -34,8 +34,13 @@ class Distortions:
 
     @classmethod
     def from_config(cls, config) -> Distortions:
-        return cls(config.crop_size, config.random_flip, config.brightness_delta,
-                   config.contrast_lower, config.contrast_upper)
+        return cls(
+            config.crop_size,
+            config.random_flip,
+            config.brightness_delta,
+            config.contrast_lower,
+            config.contrast_upper,
+        )
 
 
 def network_input_shape(image_shape: Sequence[int], crop_size: int | None) -> tuple[int, int, int]:

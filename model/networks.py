@@ -31,15 +31,20 @@ class LocalResponseNormalization(keras.layers.Layer):
 
     def call(self, inputs):
         return tf.nn.local_response_normalization(
-            inputs, depth_radius=self.depth_radius, bias=self.bias, alpha=self.alpha,
+            inputs,
+            depth_radius=self.depth_radius,
+            bias=self.bias,
+            alpha=self.alpha,
             beta=self.beta,
         )
 
     def get_config(self):
         return {
             **super().get_config(),
-            "depth_radius": self.depth_radius, "bias": self.bias,
-            "alpha": self.alpha, "beta": self.beta,
+            "depth_radius": self.depth_radius,
+            "bias": self.bias,
+            "alpha": self.alpha,
+            "beta": self.beta,
         }
 
 
@@ -57,8 +62,11 @@ class SubsampleAndPad(keras.layers.Layer):
         return tf.pad(subsampled, [[0, 0], [0, 0], [0, 0], [half, self.extra_channels - half]])
 
     def get_config(self):
-        return {**super().get_config(), "stride": self.stride,
-                "extra_channels": self.extra_channels}
+        return {
+            **super().get_config(),
+            "stride": self.stride,
+            "extra_channels": self.extra_channels,
+        }
 
 
 def _truncated(stddev: float, seed: int) -> keras.initializers.Initializer:
@@ -69,20 +77,44 @@ def tutorial_network(input_shape: Sequence[int], num_classes: int, seed: int) ->
     """The CIFAR-10 tutorial's CNN (cifar10.py `inference`): 1,068,298 parameters on 24x24x3."""
     conv = keras.layers.Conv2D
     dense = keras.layers.Dense
-    conv1 = conv(64, 5, padding="same", activation="relu", name="conv1",
-                 kernel_initializer=_truncated(5e-2, seed), bias_initializer="zeros")
-    conv2 = conv(64, 5, padding="same", activation="relu", name="conv2",
-                 kernel_initializer=_truncated(5e-2, seed + 1),
-                 bias_initializer=keras.initializers.Constant(0.1))
-    local3 = dense(384, activation="relu", name="local3",
-                   kernel_initializer=_truncated(0.04, seed + 2),
-                   bias_initializer=keras.initializers.Constant(0.1))
-    local4 = dense(192, activation="relu", name="local4",
-                   kernel_initializer=_truncated(0.04, seed + 3),
-                   bias_initializer=keras.initializers.Constant(0.1))
-    softmax_linear = dense(num_classes, name="softmax_linear",
-                           kernel_initializer=_truncated(1 / 192.0, seed + 4),
-                           bias_initializer="zeros")
+    conv1 = conv(
+        64,
+        5,
+        padding="same",
+        activation="relu",
+        name="conv1",
+        kernel_initializer=_truncated(5e-2, seed),
+        bias_initializer="zeros",
+    )
+    conv2 = conv(
+        64,
+        5,
+        padding="same",
+        activation="relu",
+        name="conv2",
+        kernel_initializer=_truncated(5e-2, seed + 1),
+        bias_initializer=keras.initializers.Constant(0.1),
+    )
+    local3 = dense(
+        384,
+        activation="relu",
+        name="local3",
+        kernel_initializer=_truncated(0.04, seed + 2),
+        bias_initializer=keras.initializers.Constant(0.1),
+    )
+    local4 = dense(
+        192,
+        activation="relu",
+        name="local4",
+        kernel_initializer=_truncated(0.04, seed + 3),
+        bias_initializer=keras.initializers.Constant(0.1),
+    )
+    softmax_linear = dense(
+        num_classes,
+        name="softmax_linear",
+        kernel_initializer=_truncated(1 / 192.0, seed + 4),
+        bias_initializer="zeros",
+    )
 
     inputs = keras.Input(shape=tuple(input_shape), name="images")  # (B, H, W, C) standardised
     x = conv1(inputs)
@@ -107,7 +139,12 @@ def resnet20_network(input_shape: Sequence[int], num_classes: int, seed: int) ->
 
     def conv_bn(x, filters: int, stride: int, name: str, relu: bool = True):
         layer = keras.layers.Conv2D(
-            filters, 3, strides=stride, padding="same", use_bias=False, name=name,
+            filters,
+            3,
+            strides=stride,
+            padding="same",
+            use_bias=False,
+            name=name,
             kernel_initializer=keras.initializers.HeNormal(seed=next(seeds)),
         )
         kernels.append(layer)
@@ -129,8 +166,9 @@ def resnet20_network(input_shape: Sequence[int], num_classes: int, seed: int) ->
             x = keras.layers.ReLU(name=name + "_out")(keras.layers.Add(name=name + "_add")([x, y]))
             channels = filters
     x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
-    head = keras.layers.Dense(num_classes, name="logits",
-                              kernel_initializer=keras.initializers.HeNormal(seed=next(seeds)))
+    head = keras.layers.Dense(
+        num_classes, name="logits", kernel_initializer=keras.initializers.HeNormal(seed=next(seeds))
+    )
     kernels.append(head)
     model = keras.Model(inputs, head(x), name="resnet20")
     return Network(model, [layer.kernel for layer in kernels])

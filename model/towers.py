@@ -88,8 +88,8 @@ class TowerTrainer:
             self.last_loss = tf.Variable(0.0, trainable=False)
             self.weight_decay_loss = tf.Variable(0.0, trainable=False)
         # XLA compiles each tower's forward and backward pass (one cluster per device).
-        self._tower = tf.function(self._tower_pass, jit_compile=True) if jit_compile else (
-            self._tower_pass
+        self._tower = (
+            tf.function(self._tower_pass, jit_compile=True) if jit_compile else (self._tower_pass)
         )
         self.step = tf.function(self._step)
         self.gradients = tf.function(self._gradients)
@@ -157,16 +157,13 @@ class TowerTrainer:
 
     def weight_decay_terms(self) -> tuple[tf.Tensor, list[tf.Tensor | None]]:
         """(weight_decay * sum of tf.nn.l2_loss(w), its gradient weight_decay * w per variable)."""
-        terms = [
-            self.weight_decay * variable.value if decayed else None
-            for variable, decayed in zip(self.trainable, self.decayed_mask, strict=True)
-        ]
-        loss = tf.add_n(
-            [tf.nn.l2_loss(variable.value)
-             for variable, decayed in zip(self.trainable, self.decayed_mask, strict=True)
-             if decayed] or [tf.constant(0.0)]
-        )
-        return self.weight_decay * loss, terms
+        terms: list[tf.Tensor | None] = []
+        l2_losses = [tf.constant(0.0)]
+        for variable, decayed in zip(self.trainable, self.decayed_mask, strict=True):
+            terms.append(self.weight_decay * variable.value if decayed else None)
+            if decayed:
+                l2_losses.append(tf.nn.l2_loss(variable.value))
+        return self.weight_decay * tf.add_n(l2_losses), terms
 
     def _step(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         """One training step on a global batch; returns the step's total loss."""
@@ -179,8 +176,9 @@ class TowerTrainer:
                 for gradient, extra in zip(combined.data_gradients, decay_gradients, strict=True)
             ]
             self.optimizer.apply(gradients, self.trainable)
-            for variable, value in zip(self.non_trainable, combined.non_trainable_values,
-                                       strict=True):
+            for variable, value in zip(
+                self.non_trainable, combined.non_trainable_values, strict=True
+            ):
                 variable.assign(value)
             if self.ema_decay is not None:
                 self._update_ema()

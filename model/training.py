@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,10 @@ from model.config import TrainConfig
 from model.devices import TowerDevices, configure_tower_devices
 from model.errors import TowerbenchError
 from model.sources.layout import write_atomically
+
+if TYPE_CHECKING:  # TensorFlow is imported only when training starts
+    from model.schedules import EpochSchedule
+    from model.towers import TowerTrainer
 
 ProgressCallback = Callable[[dict[str, float]], None]
 # Seconds between live progress reports (each one reads metrics from the devices).
@@ -112,8 +116,11 @@ class _Evaluator:
                 predictions = tf.argmax(logits, -1, tf.int32)
             # Padding (mask False) gets weight 0: counted nowhere.
             return tf.math.confusion_matrix(
-                tf.where(mask, labels, 0), predictions, self.classes,
-                weights=tf.cast(mask, tf.int64), dtype=tf.int64,
+                tf.where(mask, labels, 0),
+                predictions,
+                self.classes,
+                weights=tf.cast(mask, tf.int64),
+                dtype=tf.int64,
             )
 
         self.predict_batch = predict_batch
@@ -132,8 +139,24 @@ def _accuracy(confusion: np.ndarray) -> float:
     return float(np.trace(confusion) / max(confusion.sum(), 1))
 
 
-def _diverged(loss: float, limit: float) -> bool:
-    return not math.isfinite(loss) or loss > limit
+def _diverged(trainer: TowerTrainer, config: TrainConfig) -> bool:
+    """The last step's loss is NaN/inf or above `divergence_loss` (reading it waits for it)."""
+    loss = float(trainer.last_loss.numpy())
+    return not math.isfinite(loss) or loss > config.divergence_loss
+
+
+def _snapshot(
+    trainer: TowerTrainer, schedule: EpochSchedule, step: int, steps_per_epoch: int, clock: _Clock
+) -> dict[str, float]:
+    """Where training is and its running metrics: the progress line and the epoch record."""
+    epoch = step / steps_per_epoch
+    return {
+        "epoch": epoch,
+        "step": float(step),
+        "lr": float(schedule(epoch)),
+        **trainer.read_metrics(),
+        "images_per_sec": clock.epoch_rate(),
+    }
 
 
 def train(
@@ -175,11 +198,22 @@ def train(
         momentum=config.momentum if config.optimizer == "momentum" else 0.0,
     )
     trainer = TowerTrainer(
-        network, optimizer, devices, config.aggregation, config.weight_decay,
-        config.ema_decay, config.xla,
+        network,
+        optimizer,
+        devices,
+        config.aggregation,
+        config.weight_decay,
+        config.ema_decay,
+        config.xla,
     )
-    evaluator = _Evaluator(network.model, devices.devices[0], test_files, manifest.image_shape,
-                           config.crop_size, len(manifest.classes))
+    evaluator = _Evaluator(
+        network.model,
+        devices.devices[0],
+        test_files,
+        manifest.image_shape,
+        config.crop_size,
+        len(manifest.classes),
+    )
     checkpoint = tf.train.Checkpoint(
         weights=[variable.value for variable in network.model.variables],
         optimizer=[variable.value for variable in optimizer.variables],
@@ -201,8 +235,9 @@ def train(
     confusion = None
     while step < total_steps and status == "completed":
         epoch_index, start = divmod(step, plan.steps)
-        batches = train_dataset(train_files, manifest.image_shape, plan, distortions,
-                                config.seed, epoch_index, start)
+        batches = train_dataset(
+            train_files, manifest.image_shape, plan, distortions, config.seed, epoch_index, start
+        )
         clock.start_epoch()
         for images, labels in batches:
             clock.step(trainer.step, images, labels)
@@ -215,19 +250,19 @@ def train(
             now = time.perf_counter()
             if now - last_report >= PROGRESS_SECONDS:  # reading from devices waits for them
                 last_report = now
-                if _diverged(float(trainer.last_loss.numpy()), config.divergence_loss):
+                if _diverged(trainer, config):
                     status = "diverged"
                     break
                 if on_progress is not None:
-                    on_progress({"epoch": step / plan.steps, "step": float(step),
-                                 "lr": float(schedule(step / plan.steps)),
-                                 **trainer.read_metrics(), "images_per_sec": clock.epoch_rate()})
-        if _diverged(float(trainer.last_loss.numpy()), config.divergence_loss):
+                    on_progress(_snapshot(trainer, schedule, step, plan.steps, clock))
+        if _diverged(trainer, config):
             status = "diverged"
         epoch = step / plan.steps
-        record = {"epoch": epoch, "step": float(step), "lr": float(schedule(epoch)),
-                  **trainer.read_metrics(), "images_per_sec": clock.epoch_rate(),
-                  "step_time": clock.epoch_step_time(), "wall_time": clock.wall_time()}
+        record = {
+            **_snapshot(trainer, schedule, step, plan.steps, clock),
+            "step_time": clock.epoch_step_time(),
+            "wall_time": clock.wall_time(),
+        }
         trainer.reset_metrics()
         due = epoch - last_eval_epoch >= config.eval_every_epochs - 1e-9
         if due or step >= total_steps or status != "completed":
@@ -249,10 +284,12 @@ def train(
 
     if confusion is None:  # resumed after the last step: nothing was evaluated in this process
         confusion = evaluator.confusion(trainer.trainable)
-    final = _final_metrics(history, confusion, evaluator, trainer, devices, config, schedule,
-                           clock, step)
-    return TrainResult(config, history, final, status, confusion, list(manifest.classes),
-                       network.model)
+    final = _final_metrics(
+        history, confusion, evaluator, trainer, devices, config, schedule, clock, step
+    )
+    return TrainResult(
+        config, history, final, status, confusion, list(manifest.classes), network.model
+    )
 
 
 class _Clock:
@@ -298,12 +335,24 @@ class _Clock:
         return time.perf_counter() - self.started
 
 
-def _final_metrics(history, confusion, evaluator, trainer, devices: TowerDevices,
-                   config: TrainConfig, schedule, clock: _Clock, step: int) -> dict[str, Any]:
+def _final_metrics(
+    history,
+    confusion,
+    evaluator,
+    trainer,
+    devices: TowerDevices,
+    config: TrainConfig,
+    schedule,
+    clock: _Clock,
+    step: int,
+) -> dict[str, Any]:
     rate = clock.steady_rate()
     ema_accuracy = next(
-        (entry["ema_test_accuracy"] for entry in reversed(history)
-         if not math.isnan(entry["ema_test_accuracy"])),
+        (
+            entry["ema_test_accuracy"]
+            for entry in reversed(history)
+            if not math.isnan(entry["ema_test_accuracy"])
+        ),
         None,
     )
     if ema_accuracy is None:  # no epoch evaluated the EMA weights in this process
@@ -351,8 +400,9 @@ def _open_checkpoints(checkpoint, folder: Path, config: TrainConfig):
         step = int(manager.latest_checkpoint.rsplit("-", 1)[-1])
         history_path = folder / HISTORY_FILE
         if history_path.is_file():
-            history = [entry for entry in json.loads(history_path.read_text())
-                       if entry["step"] <= step]
+            history = [
+                entry for entry in json.loads(history_path.read_text()) if entry["step"] <= step
+            ]
     else:
         _write_json_atomically(config_path, wanted)
     return manager, history

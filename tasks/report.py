@@ -20,6 +20,7 @@ matplotlib.use("Agg")  # no display: figures only go to files
 import matplotlib.pyplot as plt  # noqa: E402
 from mlflow.entities import Run  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
 from prefect import task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
@@ -27,6 +28,7 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 from model.config import ReportConfig, TrackingConfig, TrainConfig  # noqa: E402
 from model.errors import TowerbenchError  # noqa: E402
 from tasks.comparison import Curve, GroupRow, RunRecord, compare  # noqa: E402
+from tasks.markdown import markdown_table  # noqa: E402
 from tasks.tracking import (  # noqa: E402
     CONFIG_TAG,
     ERROR_TAG,
@@ -43,9 +45,8 @@ from tasks.tracking import (  # noqa: E402
 REPORT_ARTIFACT_DIR = "report"
 
 
-def _curve(tracking: TrackingConfig, run_id: str) -> Curve:
+def _curve(client: MlflowClient, run_id: str) -> Curve:
     """Test accuracy per evaluation, joined with the epoch and wall time logged at that step."""
-    client = client_for(tracking)
     series = {
         key: {point.step: point.value for point in client.get_metric_history(run_id, key)}
         for key in ("test_accuracy", "epoch", "wall_time")
@@ -65,7 +66,7 @@ def _float(value: str | float | None) -> float | None:
         return None
 
 
-def run_record(tracking: TrackingConfig, run: Run) -> RunRecord:
+def run_record(client: MlflowClient, run: Run) -> RunRecord:
     tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
     return RunRecord(
         run_id=run.info.run_id,
@@ -78,34 +79,38 @@ def run_record(tracking: TrackingConfig, run: Run) -> RunRecord:
         effective_lr=_float(params.get("effective_lr")),
         noise_scale=metrics.get("noise_scale"),
         device_kind=params.get("device_kind"),
-        curve=_curve(tracking, run.info.run_id),
+        curve=_curve(client, run.info.run_id),
         error=tags.get(ERROR_TAG),
     )
 
 
-def load_sweep(tracking: TrackingConfig, parent_run_id: str) -> tuple[Run, list[RunRecord]]:
-    """The parent run of a sweep and its configuration runs, in start order."""
-    client = client_for(tracking)
+def sweep_parent(client: MlflowClient, parent_run_id: str) -> Run:
+    """The parent run of a sweep, or a clear error naming `--sweep`."""
     try:
         parent = client.get_run(parent_run_id)
     except MlflowException as error:
         raise TowerbenchError(
-            f"--sweep: no MLflow run {parent_run_id!r} in {tracking.tracking_uri}"
+            f"--sweep: no MLflow run {parent_run_id!r} in {client.tracking_uri}"
         ) from error
     if parent.data.tags.get(KIND_TAG) != "sweep":
         raise TowerbenchError(f"--sweep: run {parent_run_id} is not a sweep's parent run")
+    return parent
+
+
+def sweep_records(client: MlflowClient, parent: Run) -> list[RunRecord]:
+    """The configuration runs of a sweep, in start order."""
     children = client.search_runs(
         [parent.info.experiment_id],
-        filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
+        filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'",
         order_by=["attributes.start_time ASC"],
         max_results=5000,
     )
-    return parent, [run_record(tracking, run) for run in children]
+    return [run_record(client, run) for run in children]
 
 
-def previous_benchmark(tracking: TrackingConfig, parent: Run) -> Run | None:
+def previous_benchmark(client: MlflowClient, parent: Run) -> Run | None:
     """The latest finished benchmark sweep before `parent` in the same experiment."""
-    runs = client_for(tracking).search_runs(
+    runs = client.search_runs(
         [parent.info.experiment_id],
         filter_string=(
             f"tags.`{KIND_TAG}` = 'sweep' and tags.`{FLOW_TAG}` = 'benchmark' "
@@ -121,23 +126,25 @@ def previous_benchmark(tracking: TrackingConfig, parent: Run) -> Run | None:
 def accuracy_figures(records: list[RunRecord], folder: Path) -> list[str]:
     """Test accuracy against epochs and against wall time, one colour per configuration."""
     names = []
-    groups = list(dict.fromkeys(record.group for record in records))
-    colours = plt.get_cmap("tab10")
+    palette = plt.get_cmap("tab10")
+    groups = dict.fromkeys(record.group for record in records)
+    colours = {group: palette(index % 10) for index, group in enumerate(groups)}
     for x_key, x_label, file_name in (
         ("epochs", "epoch", "accuracy_vs_epoch.png"),
         ("wall_times", "wall time (s)", "accuracy_vs_time.png"),
     ):
         figure, axis = plt.subplots(figsize=(7, 4.5))
+        labelled: set[str] = set()
         for record in records:
-            index = groups.index(record.group)
             axis.plot(
                 getattr(record.curve, x_key),
                 record.curve.accuracies,
-                color=colours(index % 10),
+                color=colours[record.group],
                 linestyle=("-", "--", ":", "-.")[record.config.seed % 4],
                 marker=".",
-                label=record.group if record is _first_of(records, record.group) else None,
+                label=None if record.group in labelled else record.group,
             )
+            labelled.add(record.group)
         axis.set(xlabel=x_label, ylabel="test accuracy", title=f"Test accuracy vs {x_label}")
         axis.grid(alpha=0.3)
         axis.legend(fontsize="small")
@@ -146,10 +153,6 @@ def accuracy_figures(records: list[RunRecord], folder: Path) -> list[str]:
         plt.close(figure)
         names.append(file_name)
     return names
-
-
-def _first_of(records: list[RunRecord], group: str) -> RunRecord:
-    return next(record for record in records if record.group == group)
 
 
 def _pct(value: float | None, digits: int = 1) -> str:
@@ -196,19 +199,11 @@ def _row_cells(row: GroupRow, target: float | None) -> list[str]:
     ]
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _comparison_with_previous(
-    tracking: TrackingConfig, parent: Run, rows: list[GroupRow]
-) -> str:
-    previous = previous_benchmark(tracking, parent)
+def _comparison_with_previous(client: MlflowClient, parent: Run, rows: list[GroupRow]) -> str:
+    previous = previous_benchmark(client, parent)
     if previous is None:
         return "No earlier finished benchmark in this experiment to compare with."
-    _, previous_records = load_sweep(tracking, previous.info.run_id)
+    previous_records = sweep_records(client, previous)
     swept = json.loads(previous.data.tags.get(SWEPT_TAG, "[]"))
     previous_rows = {row.group: row for row in compare(previous_records, swept, None)[0]}
     same_data = previous.data.params.get("data_version") == parent.data.params.get("data_version")
@@ -239,7 +234,7 @@ def _comparison_with_previous(
             ]
         )
     header = ["configuration", "accuracy now", "before", "change", "images/s now / before"]
-    return "\n".join(lines) + _table(header, table)
+    return "\n".join(lines) + markdown_table(header, table)
 
 
 def render_markdown(
@@ -276,7 +271,7 @@ def render_markdown(
         f"devices: {', '.join(device_kinds) or 'unknown'} · time-to-accuracy target "
         f"{_pct(target)}",
         "",
-        _table(header, [_row_cells(row, target) for row in rows]),
+        markdown_table(header, [_row_cells(row, target) for row in rows]),
         "",
         "## Verdicts",
         "",
@@ -307,7 +302,7 @@ def render_markdown(
         "",
         "## Runs",
         "",
-        _table(["run", "status", "test accuracy", "run id", "error"], run_rows),
+        markdown_table(["run", "status", "test accuracy", "run id", "error"], run_rows),
         "",
     ]
     return "\n".join(parts)
@@ -315,11 +310,13 @@ def render_markdown(
 
 def write_report(tracking: TrackingConfig, parent_run_id: str, report: ReportConfig) -> Path:
     """Compute, write and log the report of a sweep; returns the markdown file's path."""
-    parent, records = load_sweep(tracking, parent_run_id)
+    client = client_for(tracking)
+    parent = sweep_parent(client, parent_run_id)
+    records = sweep_records(client, parent)
     swept = json.loads(parent.data.tags.get(SWEPT_TAG, "[]"))
     rows, target = compare(records, swept, report.target_accuracy)
     benchmark = (
-        _comparison_with_previous(tracking, parent, rows)
+        _comparison_with_previous(client, parent, rows)
         if parent.data.tags.get(FLOW_TAG) == "benchmark"
         else None
     )
@@ -336,7 +333,7 @@ def write_report(tracking: TrackingConfig, parent_run_id: str, report: ReportCon
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    client_for(tracking).log_artifacts(parent_run_id, str(destination), REPORT_ARTIFACT_DIR)
+    client.log_artifacts(parent_run_id, str(destination), REPORT_ARTIFACT_DIR)
     return destination / "report.md"
 
 
@@ -344,11 +341,8 @@ def write_report(tracking: TrackingConfig, parent_run_id: str, report: ReportCon
 def make_report(tracking: TrackingConfig, parent_run_id: str, report: ReportConfig) -> str:
     """The report as a file, in MLflow and as a Prefect markdown artifact."""
     path = write_report(tracking, parent_run_id, report)
-    parent = client_for(tracking).get_run(parent_run_id)
-    link = run_url(tracking, parent.info.experiment_id, parent_run_id)
-    markdown = path.read_text()
-    # The figures are files next to the report; the artifact links to where they live.
-    markdown += f"\n\nFigures and full report: `{path}` and the [MLflow parent run]({link}).\n"
+    # The figures are files next to the report (and under report/ in the parent run).
+    markdown = path.read_text() + f"\n\nFigures and full report: `{path}`.\n"
     create_markdown_artifact(
         markdown, key="sweep-report", description=f"Sweep {parent_run_id}: comparison report"
     )

@@ -147,9 +147,7 @@ def mark_failed(tracking: TrackingConfig, run_id: str, error: str, log: str = ""
     client = client_for(tracking)
     if log:
         client.log_text(run_id, log, "training_process.log")
-    client.log_batch(
-        run_id, tags=[RunTag(STATUS_TAG, "failed"), RunTag(ERROR_TAG, error[:5000])]
-    )
+    client.log_batch(run_id, tags=[RunTag(STATUS_TAG, "failed"), RunTag(ERROR_TAG, error[:5000])])
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
 
 

@@ -28,8 +28,10 @@ def write_digits(data_dir: Path, train: int = 600, test: int = 103, shards: int 
         dataset_dir(data_dir, "digits"),
         "digits",
         [str(digit) for digit in range(10)],
-        {"train": (images[:train], labels[:train]),
-         "test": (images[train:train + test], labels[train:train + test])},
+        {
+            "train": (images[:train], labels[:train]),
+            "test": (images[train : train + test], labels[train : train + test]),
+        },
         shards,
         {"kind": "sklearn.load_digits", "test": "fixture"},
     )

@@ -23,10 +23,19 @@ from model.networks import build_network
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(
-    mode="smoke", repeats=1, warmup=1, towers=(1, 2), fixed_global_batch=16, per_tower_batch=8,
+    mode="smoke",
+    repeats=1,
+    warmup=1,
+    towers=(1, 2),
+    fixed_global_batch=16,
+    per_tower_batch=8,
     per_tower_towers=(1, 2),
-    keras_towers=(1, 2), roofline_batch=8, examples_per_repeat=16, roofline_sizes=(64, 128),
-    pipeline_examples=200, preprocess_images_per_file=40,
+    keras_towers=(1, 2),
+    roofline_batch=8,
+    examples_per_repeat=16,
+    roofline_sizes=(64, 128),
+    pipeline_examples=200,
+    preprocess_images_per_file=40,
 )
 MEASURE = f"""
 import json, sys, tempfile
@@ -61,8 +70,11 @@ def tiny_results() -> dict:
 def test_every_configuration_is_measured(tiny_results: dict) -> None:
     measured = {(s["runner"], s["towers"], s["global_batch"]) for s in tiny_results["steps"]}
     assert measured == {
-        ("towerbench", 1, 16), ("towerbench", 2, 16), ("towerbench", 1, 8),
-        ("keras_mirrored", 1, 8), ("keras_mirrored", 2, 16),
+        ("towerbench", 1, 16),
+        ("towerbench", 2, 16),
+        ("towerbench", 1, 8),
+        ("keras_mirrored", 1, 8),
+        ("keras_mirrored", 2, 16),
     }
     assert all(step["step_seconds"] > 0 for step in tiny_results["steps"])
     assert set(tiny_results["matmul_flops_per_sec"]) == {"64", "128"}
@@ -77,13 +89,20 @@ def test_summary_has_the_issue_shape_and_correct_ratios(tiny_results: dict) -> N
     orchestration = {"overhead_seconds": 6.0}
     summary = summarize(tiny_results, orchestration, {"cpu": "test"}, settings)
     assert list(summary) == [
-        "tower_overhead", "vs_keras_mirrored", "roofline_fraction", "input_pipeline_ratio",
-        "preprocess_60k_seconds", "orchestration_overhead", "machine",
+        "tower_overhead",
+        "vs_keras_mirrored",
+        "roofline_fraction",
+        "input_pipeline_ratio",
+        "preprocess_60k_seconds",
+        "orchestration_overhead",
+        "machine",
     ]
     assert set(summary["tower_overhead"]) == {"2"}
     assert set(summary["vs_keras_mirrored"]) == {"1", "2"}
-    step = {(s["runner"], s["towers"], s["global_batch"]): s["step_seconds"]
-            for s in tiny_results["steps"]}
+    step = {
+        (s["runner"], s["towers"], s["global_batch"]): s["step_seconds"]
+        for s in tiny_results["steps"]
+    }
     expected = step[("towerbench", 2, 16)] / step[("towerbench", 1, 16)]
     assert summary["tower_overhead"]["2"] == pytest.approx(expected, rel=1e-3)
     assert summary["orchestration_overhead"] == pytest.approx(0.05)  # 6 s of a 2-minute run
@@ -98,6 +117,7 @@ def test_interleaved_runs_round_robin_and_drops_warmup() -> None:
         def measured() -> float:
             calls.append(name)
             return float(next(values))
+
         return measured
 
     timings = interleaved({"a": run("a"), "b": run("b")}, repeats=3, warmup=1)
@@ -115,7 +135,8 @@ def test_flop_count_agrees_with_tensorflow_profiler_on_the_forward_pass() -> Non
     options["output"] = "none"
     profile = tf.compat.v1.profiler.profile(graph=graph, options=options)
     matmul_class = sum(
-        node.total_float_ops for node in profile.children
+        node.total_float_ops
+        for node in profile.children
         if graph.get_operation_by_name(node.name).type in ("Conv2D", "MatMul")
     )
     assert counted.forward == matmul_class

@@ -89,8 +89,21 @@ def test_tracking_uri_resolution(tmp_path, monkeypatch) -> None:
 
 def test_sweep_options_split_into_base_axes_and_grid() -> None:
     args = build_parser().parse_args(
-        ["sweep", "--dataset", "digits", "--towers", "1,2,4", "--seeds", "0,1",
-         "--epochs", "2,4", "--base-lr", "0.2", "--crop-size", "none"]
+        [
+            "sweep",
+            "--dataset",
+            "digits",
+            "--towers",
+            "1,2,4",
+            "--seeds",
+            "0,1",
+            "--epochs",
+            "2,4",
+            "--base-lr",
+            "0.2",
+            "--crop-size",
+            "none",
+        ]
     )
     sweep = sweep_config_from_args(args)
     assert sweep.towers == [1, 2, 4] and sweep.seeds == [0, 1]

@@ -47,9 +47,7 @@ def write_project(folder: Path) -> dict:
         "benchmark": {"cron": "30 2 * * *"},
     }
     (folder / "params.yaml").write_text(yaml.safe_dump(params))
-    subprocess.run(
-        [sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, check=True
-    )
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, check=True)
     return params
 
 

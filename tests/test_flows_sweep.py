@@ -71,11 +71,29 @@ def finished_sweep(prefect_harness, tmp_path_factory):
     capture = io.StringIO()
     with contextlib.redirect_stdout(capture):
         status = main(
-            ["sweep", "--dataset", "absent,tiny", "--towers", "1,2", "--seeds", "0",
-             "--lr-scaling", "linear", "--warmup-epochs", "0", "--per-tower-batch", "32",
-             *training, "--data-dir", str(root / "data"),
-             "--tracking-uri", tracking.tracking_uri, "--report-dir", str(root / "reports"),
-             "--json"]
+            [
+                "sweep",
+                "--dataset",
+                "absent,tiny",
+                "--towers",
+                "1,2",
+                "--seeds",
+                "0",
+                "--lr-scaling",
+                "linear",
+                "--warmup-epochs",
+                "0",
+                "--per-tower-batch",
+                "32",
+                *training,
+                "--data-dir",
+                str(root / "data"),
+                "--tracking-uri",
+                tracking.tracking_uri,
+                "--report-dir",
+                str(root / "reports"),
+                "--json",
+            ]
         )
     assert status == 0, capture.getvalue()
     return json.loads(capture.getvalue().strip().splitlines()[-1]), tracking, root
@@ -103,16 +121,22 @@ def test_sweep_records_parent_and_one_nested_run_per_configuration(finished_swee
 
     # The missing dataset failed with its reason; the sweep went on to train the others.
     for towers in (1, 2):
-        failed = names[f"towers={towers} agg=mean lr={'none' if towers == 1 else 'linear'} "
-                       "warmup=0 dataset=absent seed=0"]
+        failed = names[
+            f"towers={towers} agg=mean lr={'none' if towers == 1 else 'linear'} "
+            "warmup=0 dataset=absent seed=0"
+        ]
         assert failed.info.status == "FAILED"
         assert failed.data.tags["towerbench.status"] == "failed"
         assert "absent" in failed.data.tags["towerbench.error"]
     # The --json line: one entry per configuration, with the documented keys.
     assert set(outcome) == {"parent_run_id", "configs", "report"}
     statuses = sorted((c["towers"], c["seed"], c["status"]) for c in outcome["configs"])
-    assert statuses == [(1, 0, "completed"), (1, 0, "failed"), (2, 0, "completed"),
-                        (2, 0, "failed")]
+    assert statuses == [
+        (1, 0, "completed"),
+        (1, 0, "failed"),
+        (2, 0, "completed"),
+        (2, 0, "failed"),
+    ]
     for config in outcome["configs"]:
         assert set(config) == {"run_id", "towers", "seed", "status", "test_accuracy"}
         assert (config["test_accuracy"] is None) == (config["status"] == "failed")
@@ -236,7 +260,8 @@ def test_prefect_artifacts_progress_and_report_linking_the_parent_run(finished_s
     assert progress and all(artifact.data == 100 for artifact in progress)
     texts = [artifact.data for artifact in artifacts]
     assert any(
-        "#/experiments/" in text and f"/runs/{outcome['parent_run_id']}" in text
+        "#/experiments/" in text
+        and f"/runs/{outcome['parent_run_id']}" in text
         and "| configuration |" in text
         for text in texts
     )
@@ -266,9 +291,9 @@ def test_benchmark_report_compares_with_the_previous_benchmark(finished_sweep) -
         earlier.info.experiment_id,
         run_name=source.info.run_name,
         tags={
-            key: value for key, value in source.data.tags.items()
-            if key.startswith("towerbench.")
-        } | {"mlflow.parentRunId": later.info.run_id},
+            key: value for key, value in source.data.tags.items() if key.startswith("towerbench.")
+        }
+        | {"mlflow.parentRunId": later.info.run_id},
     )
     accuracy = source.data.metrics["test_accuracy"] - 0.1
     for key, value in (("epoch", 2.0), ("wall_time", 5.0), ("test_accuracy", accuracy)):

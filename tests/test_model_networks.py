@@ -16,18 +16,25 @@ def test_tutorial_has_the_tutorials_1068298_parameters_on_cifar10():
 
 def test_tutorial_initialisation_follows_the_tutorial():
     model = build_network("tutorial", (24, 24, 3), 10, seed=0).model
-    biases = {layer.name: float(layer.bias.numpy().mean()) for layer in model.layers
-              if isinstance(layer, keras.layers.Conv2D | keras.layers.Dense)}
-    assert biases == pytest.approx({"conv1": 0.0, "conv2": 0.1, "local3": 0.1, "local4": 0.1,
-                                    "softmax_linear": 0.0})
+    biases = {
+        layer.name: float(layer.bias.numpy().mean())
+        for layer in model.layers
+        if isinstance(layer, keras.layers.Conv2D | keras.layers.Dense)
+    }
+    assert biases == pytest.approx(
+        {"conv1": 0.0, "conv2": 0.1, "local3": 0.1, "local4": 0.1, "softmax_linear": 0.0}
+    )
     # Truncated normal at 2 stddev: |w| <= 2 * 0.04 for local3.
     assert abs(model.get_layer("local3").kernel.numpy()).max() <= 0.08 + 1e-7
 
 
 def test_resnet20_uses_batchnorm_and_decays_every_kernel():
     network = build_network("resnet20", (32, 32, 3), 10, seed=0)
-    norms = [layer for layer in network.model.layers
-             if isinstance(layer, keras.layers.BatchNormalization)]
+    norms = [
+        layer
+        for layer in network.model.layers
+        if isinstance(layer, keras.layers.BatchNormalization)
+    ]
     assert len(norms) == 19  # one per convolution: 1 + 3 stages x 3 blocks x 2
     assert len(network.decayed_variables) == 20  # 19 convolutions + the classifier
     assert 260_000 < network.model.count_params() < 280_000  # He et al.: 0.27M

@@ -28,11 +28,20 @@ def _lr_per_epoch(config: TrainConfig, examples: int) -> tuple[np.ndarray, float
 
 @pytest.mark.parametrize("decay", ["staircase", "piecewise", "cosine", "constant"])
 def test_schedule_in_epochs_is_the_same_for_1_2_and_4_towers(decay):
-    common = dict(dataset="cifar10", epochs=8, warmup_epochs=2, decay=decay, decay_epochs=3,
-                  decay_boundaries=[4, 6], lr_scaling="linear")
+    common = dict(
+        dataset="cifar10",
+        epochs=8,
+        warmup_epochs=2,
+        decay=decay,
+        decay_epochs=3,
+        decay_boundaries=[4, 6],
+        lr_scaling="linear",
+    )
     # Same global batch: the towers only split it, nothing about the schedule may change.
-    same_batch = [_lr_per_epoch(TrainConfig(towers=k, global_batch=128, **common), 50_000)[0]
-                  for k in (1, 2, 4)]
+    same_batch = [
+        _lr_per_epoch(TrainConfig(towers=k, global_batch=128, **common), 50_000)[0]
+        for k in (1, 2, 4)
+    ]
     assert all(np.array_equal(same_batch[0], other) for other in same_batch[1:])
     # Fixed per-tower batch (adding devices): steps per epoch change, the shape in epochs doesn't.
     shapes = []
@@ -41,13 +50,22 @@ def test_schedule_in_epochs_is_the_same_for_1_2_and_4_towers(decay):
         shapes.append((lrs, peak))
     after_warmup = np.arange(0, 8, 0.5) >= 2
     for lrs, peak in shapes[1:]:
-        np.testing.assert_allclose(lrs[after_warmup] / peak,
-                                   shapes[0][0][after_warmup] / shapes[0][1], rtol=1e-6)
+        np.testing.assert_allclose(
+            lrs[after_warmup] / peak, shapes[0][0][after_warmup] / shapes[0][1], rtol=1e-6
+        )
 
 
 def test_warmup_and_decay_values():
-    config = TrainConfig(dataset="cifar10", towers=4, global_batch=512, lr_scaling="linear",
-                         warmup_epochs=2, decay="piecewise", decay_boundaries=[4, 6], epochs=8)
+    config = TrainConfig(
+        dataset="cifar10",
+        towers=4,
+        global_batch=512,
+        lr_scaling="linear",
+        warmup_epochs=2,
+        decay="piecewise",
+        decay_boundaries=[4, 6],
+        epochs=8,
+    )
     schedule = schedule_from_config(config)
     assert float(schedule(0.0)) == pytest.approx(0.1)  # warmup starts at base_lr
     assert float(schedule(1.0)) == pytest.approx(0.25)

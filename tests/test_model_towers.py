@@ -32,8 +32,9 @@ def test_averaged_towers_equal_one_device_and_sum_is_k_times_mean():
 def _trainer(devices, aggregation, weight_decay, lr=0.5):
     with tf.device(devices.parameter_device):
         network = build_network("tutorial", (8, 8, 1), 10, seed=1)
-    return network, TowerTrainer(network, keras.optimizers.SGD(lr), devices, aggregation,
-                                 weight_decay)
+    return network, TowerTrainer(
+        network, keras.optimizers.SGD(lr), devices, aggregation, weight_decay
+    )
 
 
 def test_weight_decay_is_added_once_per_step_not_once_per_tower():
@@ -45,15 +46,19 @@ def test_weight_decay_is_added_once_per_step_not_once_per_tower():
     data = [g.numpy() for g in trainer.gradients(images, labels).data_gradients]
     trainer.step(images, labels)
     decayed = {v.path for v in network.decayed_variables}
-    for variable, start, gradient in zip(network.model.trainable_variables, before, data,
-                                         strict=True):
+    for variable, start, gradient in zip(
+        network.model.trainable_variables, before, data, strict=True
+    ):
         decay = 0.3 * start if variable.path in decayed else 0.0
-        np.testing.assert_allclose(variable.numpy(), start - 0.5 * (gradient + decay),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            variable.numpy(), start - 0.5 * (gradient + decay), rtol=1e-5, atol=1e-6
+        )
     # The reported term is 0.3 * tf.nn.l2_loss (sum(w**2) / 2) at the step's starting weights.
-    expected = 0.3 * sum(float(np.sum(start.astype(np.float64) ** 2)) / 2
-                         for variable, start in zip(network.model.trainable_variables, before,
-                                                    strict=True) if variable.path in decayed)
+    expected = 0.3 * sum(
+        float(np.sum(start.astype(np.float64) ** 2)) / 2
+        for variable, start in zip(network.model.trainable_variables, before, strict=True)
+        if variable.path in decayed
+    )
     assert float(trainer.weight_decay_loss.numpy()) == pytest.approx(expected, rel=1e-5)
 
 
@@ -87,8 +92,13 @@ def test_noise_scale_estimator_recovers_known_gradient_and_noise():
 def test_resnet20_batchnorm_uses_each_towers_own_batch_statistics():
     # Two halves with different brightness: one device normalises them together, two towers
     # separately, so the gradients must differ (unlike the tutorial network above).
-    images = tf.concat([tf.random.stateless_normal((4, 8, 8, 1), seed=[1, 1]),
-                        tf.random.stateless_normal((4, 8, 8, 1), seed=[1, 2]) * 3 + 2], 0)
+    images = tf.concat(
+        [
+            tf.random.stateless_normal((4, 8, 8, 1), seed=[1, 1]),
+            tf.random.stateless_normal((4, 8, 8, 1), seed=[1, 2]) * 3 + 2,
+        ],
+        0,
+    )
     labels = tf.range(8) % 10
     gradients, moving_means = [], []
     for towers in (1, 2):
@@ -99,8 +109,10 @@ def test_resnet20_batchnorm_uses_each_towers_own_batch_statistics():
         gradients.append([g.numpy() for g in trainer.gradients(images, labels).data_gradients])
         trainer.step(images, labels)
         moving_means.append(network.model.get_layer("conv0_bn").moving_mean.numpy())
-    first_conv = [np.abs(a - b).max() / np.abs(b).max()
-                  for a, b in zip(gradients[1], gradients[0], strict=True)][0]
+    first_conv = [
+        np.abs(a - b).max() / np.abs(b).max()
+        for a, b in zip(gradients[1], gradients[0], strict=True)
+    ][0]
     assert first_conv > 1e-3
     # The towers' moving statistics are averaged: the mean of per-tower batch means equals
     # the whole batch's mean, so the moving means agree.

@@ -24,8 +24,22 @@ def _last_json_line(text: str) -> dict:
 
 
 def test_cli_training_learns_digits_well_above_chance(data_dir, capsys):
-    code = main(["train", "--dataset", "digits", "--towers", "2", "--global-batch", "32",
-                 "--epochs", "4", "--data-dir", str(data_dir), "--json"])
+    code = main(
+        [
+            "train",
+            "--dataset",
+            "digits",
+            "--towers",
+            "2",
+            "--global-batch",
+            "32",
+            "--epochs",
+            "4",
+            "--data-dir",
+            str(data_dir),
+            "--json",
+        ]
+    )
     output = capsys.readouterr().out
     summary = _last_json_line(output)
     assert code == 0 and summary["status"] == "completed"
@@ -59,14 +73,16 @@ def test_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(
 ):
     monkeypatch.setattr(training, "PROGRESS_SECONDS", 0.0)  # progress after every step
     # 600 examples in batches of 64: 10 steps per epoch (the last one has 24 examples).
-    config = TrainConfig(dataset="digits", towers=2, global_batch=64, epochs=2,
-                         checkpoint_every=5, seed=5)
+    config = TrainConfig(
+        dataset="digits", towers=2, global_batch=64, epochs=2, checkpoint_every=5, seed=5
+    )
     uninterrupted = training.train(config, data_dir)
 
     def kill_at(step):
         def progress(metrics):
             if metrics["step"] == step:
                 raise _Killed
+
         return progress
 
     # Killed after the checkpoint at the end of epoch 1, then after the one in mid-epoch 2.
@@ -75,8 +91,9 @@ def test_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(
             training.train(config, data_dir, tmp_path / "ckpt", on_progress=kill_at(kill_step))
     resumed = training.train(config, data_dir, tmp_path / "ckpt")
     assert resumed.final["steps"] == uninterrupted.final["steps"] == 20
-    for after_resume, straight in zip(resumed.model.get_weights(),
-                                      uninterrupted.model.get_weights(), strict=True):
+    for after_resume, straight in zip(
+        resumed.model.get_weights(), uninterrupted.model.get_weights(), strict=True
+    ):
         np.testing.assert_array_equal(after_resume, straight)
     assert [e["step"] for e in resumed.history] == [10.0, 20.0]
     assert resumed.history[-1]["train_accuracy"] == uninterrupted.history[-1]["train_accuracy"]
@@ -84,8 +101,9 @@ def test_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(
 
 def test_exploding_loss_stops_the_run_as_diverged(data_dir, monkeypatch):
     monkeypatch.setattr(training, "PROGRESS_SECONDS", 0.0)
-    config = TrainConfig(dataset="digits", towers=1, global_batch=64, epochs=3, base_lr=1e4,
-                         divergence_loss=50)
+    config = TrainConfig(
+        dataset="digits", towers=1, global_batch=64, epochs=3, base_lr=1e4, divergence_loss=50
+    )
     result = training.train(config, data_dir)
     assert result.status == "diverged"
     assert result.final["steps"] < 30
@@ -95,8 +113,10 @@ def test_exploding_loss_stops_the_run_as_diverged(data_dir, monkeypatch):
     ("arguments", "message"),
     [
         (["--towers", "0"], "--towers: Input should be greater than or equal to 1"),
-        (["--towers", "3", "--global-batch", "128"], "--global-batch: Value error, 128 is not "
-                                                     "divisible by --towers 3"),
+        (
+            ["--towers", "3", "--global-batch", "128"],
+            "--global-batch: Value error, 128 is not divisible by --towers 3",
+        ),
         (["--towers", "1000", "--global-batch", "1000"], "--towers 1000 exceeds the 600 training"),
         (["--global-batch", "1024"], "--global-batch 1024 exceeds the 600 training examples"),
         (["--crop-size", "12"], "--crop-size 12 is larger than the 8x8 images"),

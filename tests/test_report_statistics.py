@@ -74,9 +74,7 @@ def test_scaling_efficiency_and_noise_scale_note() -> None:
 
 
 def _record(towers: int, lr_scaling: str, seed: int, accuracy: float, status: str = "completed"):
-    config = TrainConfig(
-        towers=towers, global_batch=128 * towers, lr_scaling=lr_scaling, seed=seed
-    )
+    config = TrainConfig(towers=towers, global_batch=128 * towers, lr_scaling=lr_scaling, seed=seed)
     group = f"towers={towers} lr={lr_scaling}"
     seconds = 100.0 / towers
     return RunRecord(

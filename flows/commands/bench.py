@@ -21,13 +21,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Runs every benchmark of issue 5 in one process (~10 minutes on 2 cores; "
         "--quick: under 3) on the towers' devices: physical GPUs, else logical CPU devices.",
     )
-    parser.add_argument("--quick", action="store_true",
-                        help="Fewer steps and images (same keys); no report unless --report.")
-    parser.add_argument("--json", action="store_true",
-                        help="Print the JSON summary as the last line.")
-    parser.add_argument("--report", type=Path, default=None,
-                        help=f"Markdown report to write (default: {DEFAULT_REPORT} for a full "
-                        "run, none for --quick).")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="Fewer steps and images (same keys); no report unless --report.",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="Print the JSON summary as the last line."
+    )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        help=f"Markdown report to write (default: {DEFAULT_REPORT} for a full "
+        "run, none for --quick).",
+    )
     parser.set_defaults(handler=run_bench)
 
 

@@ -6,41 +6,37 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from flows.options import add_model_options, build_model, values_from_args
+from flows.params import read_sections
 from model.config import DataConfig, FetchConfig, PreprocessConfig
 from model.errors import TowerbenchError
 
 
-def read_params(path: Path | None, section: str) -> dict[str, Any]:
-    """One section of a params.yaml (empty when no file is given)."""
-    if path is None:
-        return {}
-    try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as error:
-        raise TowerbenchError(f"{path}: cannot read parameters ({error})") from None
-    values = document.get(section) or {}
-    if not isinstance(values, dict):
-        raise TowerbenchError(f"{path}: section {section!r} must be a mapping")
-    return values
+def _sections(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The sections of --params, read once (none when it is not given)."""
+    sections = read_sections(args.params) if args.params is not None else {}
+    for name, values in sections.items():
+        if values is not None and not isinstance(values, dict):
+            raise TowerbenchError(f"{args.params}: section {name!r} must be a mapping")
+    return {name: values or {} for name, values in sections.items()}
 
 
-def _config(model: type, args: argparse.Namespace, section: str, **overrides: Any) -> Any:
-    values = {**read_params(args.params, section), **values_from_args(model, args), **overrides}
-    return build_model(model, values)
+def _config(
+    model: type, sections: dict[str, dict[str, Any]], section: str, args: argparse.Namespace
+) -> Any:
+    """`model` from its params section, with the options given on the command line winning."""
+    return build_model(model, {**sections.get(section, {}), **values_from_args(model, args)})
 
 
 def _fetch(args: argparse.Namespace) -> int:
     from model.sources import dataset_name, fetch, source_for
 
-    overrides = {}
+    sections = _sections(args)
     if args.dataset is not None:
         source_for(args.dataset)  # An unknown name is refused here, naming the choices.
-        overrides["source"] = args.dataset
-    config = _config(FetchConfig, args, "fetch", **overrides)
-    data = _config(DataConfig, args, "data")
+        sections["fetch"] = {**sections.get("fetch", {}), "source": args.dataset}
+    config = _config(FetchConfig, sections, "fetch", args)
+    data = _config(DataConfig, sections, "data", args)
     folder = fetch(config, data.data_dir)
     print(f"fetched {config.source} as {dataset_name(config)!r} into {folder}")
     return 0
@@ -50,9 +46,10 @@ def _preprocess(args: argparse.Namespace) -> int:
     from model.sources import dataset_name, preprocess
     from model.tfrecords import dataset_dir
 
-    config = _config(PreprocessConfig, args, "preprocess")
-    data = _config(DataConfig, args, "data")
-    name = args.dataset or dataset_name(build_model(FetchConfig, read_params(args.params, "fetch")))
+    sections = _sections(args)
+    config = _config(PreprocessConfig, sections, "preprocess", args)
+    data = _config(DataConfig, sections, "data", args)
+    name = args.dataset or dataset_name(build_model(FetchConfig, sections.get("fetch", {})))
     manifest = preprocess(name, config, data.data_dir)
     counts = ", ".join(f"{split} {info.examples}" for split, info in manifest.splits.items())
     print(f"preprocessed {name!r} ({counts}) into {dataset_dir(data.data_dir, name)}")

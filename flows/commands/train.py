@@ -23,12 +23,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "configuration is printed first.",
     )
     add_model_options(train, TrainConfig)
-    train.add_argument("--data-dir", type=Path, default=DataConfig().data_dir,
-                       help=DataConfig.model_fields["data_dir"].description)
-    train.add_argument("--checkpoint-dir", type=Path, default=None,
-                       help="Save checkpoints here and resume from the latest one in it.")
-    train.add_argument("--json", action="store_true",
-                       help="Print a JSON summary as the last line.")
+    train.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DataConfig().data_dir,
+        help=DataConfig.model_fields["data_dir"].description,
+    )
+    train.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="Save checkpoints here and resume from the latest one in it.",
+    )
+    train.add_argument("--json", action="store_true", help="Print a JSON summary as the last line.")
     train.set_defaults(handler=run_train)
 
     gradcheck = subparsers.add_parser(
@@ -36,13 +43,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Show that averaged tower gradients equal one device's (and MirroredStrategy's).",
     )
     gradcheck.add_argument("--towers", type=int, required=True, help="Towers (k >= 1).")
-    gradcheck.add_argument("--global-batch", type=int, required=True,
-                           help="Examples in the fixed batch (a multiple of --towers).")
-    gradcheck.add_argument("--model", choices=("tutorial", "resnet20"), default="tutorial",
-                           help="Network (default: tutorial).")
+    gradcheck.add_argument(
+        "--global-batch",
+        type=int,
+        required=True,
+        help="Examples in the fixed batch (a multiple of --towers).",
+    )
+    gradcheck.add_argument(
+        "--model",
+        choices=("tutorial", "resnet20"),
+        default="tutorial",
+        help="Network (default: tutorial).",
+    )
     gradcheck.add_argument("--seed", type=int, default=0, help="Seed of weights and batch.")
-    gradcheck.add_argument("--json", action="store_true",
-                           help="Print the result as JSON on the last line.")
+    gradcheck.add_argument(
+        "--json", action="store_true", help="Print the result as JSON on the last line."
+    )
     gradcheck.set_defaults(handler=run_gradcheck_command)
 
 
@@ -75,8 +91,10 @@ class _Progress:
         if self.live:
             self.stream.write("\r" + " " * 100 + "\r")
         test = metrics["test_accuracy"]
-        tested = "" if math.isnan(test) else (
-            f"  test {test:.4f}  ema test {metrics['ema_test_accuracy']:.4f}"
+        tested = (
+            ""
+            if math.isnan(test)
+            else (f"  test {test:.4f}  ema test {metrics['ema_test_accuracy']:.4f}")
         )
         noise = metrics.get("noise_scale")
         noise_text = "" if noise is None or math.isnan(noise) else f"  B_noise {noise:.0f}"
@@ -86,7 +104,8 @@ class _Progress:
             f"{metrics['weight_decay_loss']:.4f}  total {metrics['total_loss']:.4f}  "
             f"train acc {metrics['train_accuracy']:.4f}{tested}  "
             f"{metrics['images_per_sec']:.0f} img/s  lr {metrics['lr']:.4g}{noise_text}",
-            file=self.stream, flush=True,
+            file=self.stream,
+            flush=True,
         )
 
 
@@ -96,8 +115,9 @@ def run_train(args: argparse.Namespace) -> int:
     config = build_model(TrainConfig, values_from_args(TrainConfig, args))
     print(_describe_config(config), flush=True)
     progress = _Progress()
-    result = train(config, args.data_dir, args.checkpoint_dir, progress.on_epoch,
-                   progress.on_progress)
+    result = train(
+        config, args.data_dir, args.checkpoint_dir, progress.on_epoch, progress.on_progress
+    )
     final = result.final
     print(
         f"{result.status}: test accuracy {final['test_accuracy']:.4f} "
@@ -109,10 +129,13 @@ def run_train(args: argparse.Namespace) -> int:
         flush=True,
     )
     if args.json:
-        summary: dict[str, Any] = {"status": result.status, **final,
-                                   "config": config.model_dump(mode="json"),
-                                   "presets": config.preset_fields(),
-                                   "classes": result.classes}
+        summary: dict[str, Any] = {
+            "status": result.status,
+            **final,
+            "config": config.model_dump(mode="json"),
+            "presets": config.preset_fields(),
+            "classes": result.classes,
+        }
         print(json.dumps(summary))
     return 0 if result.status == "completed" else 1
 
@@ -124,22 +147,33 @@ def run_gradcheck_command(args: argparse.Namespace) -> int:
 
     tf.get_logger().setLevel("ERROR")  # four trainers on one batch: retracing warnings are noise
     result = run_gradcheck(args.model, args.towers, args.global_batch, args.seed)
-    print(f"{args.model}: {args.towers} tower(s) on {result['device_kind']} devices, "
-          f"global batch {args.global_batch}")
+    print(
+        f"{args.model}: {args.towers} tower(s) on {result['device_kind']} devices, "
+        f"global batch {args.global_batch}"
+    )
     header = f"{'variable':32s} {'mean vs single':>16s} {'mirrored vs single':>20s}"
     print(header + "   (relative difference of gradients ||a-b||inf/||b||inf)")
-    for mean, mirrored in zip(result["mean_vs_single"]["per_variable"],
-                              result["mirrored_vs_single"]["per_variable"], strict=True):
-        print(f"{mean['variable']:32s} {mean['grad_rel_diff']:16.2e} "
-              f"{mirrored['grad_rel_diff']:20.2e}")
+    for mean, mirrored in zip(
+        result["mean_vs_single"]["per_variable"],
+        result["mirrored_vs_single"]["per_variable"],
+        strict=True,
+    ):
+        print(
+            f"{mean['variable']:32s} {mean['grad_rel_diff']:16.2e} "
+            f"{mirrored['grad_rel_diff']:20.2e}"
+        )
     for key in ("mean_vs_single", "mirrored_vs_single"):
         item = result[key]
-        print(f"{key}: gradients max abs {item['max_abs_diff']:.2e}, max rel "
-              f"{item['max_rel_diff']:.2e}; weights after one step max abs "
-              f"{item['weights_max_abs_diff']:.2e}, max rel {item['weights_max_rel_diff']:.2e}")
+        print(
+            f"{key}: gradients max abs {item['max_abs_diff']:.2e}, max rel "
+            f"{item['max_rel_diff']:.2e}; weights after one step max abs "
+            f"{item['weights_max_abs_diff']:.2e}, max rel {item['weights_max_rel_diff']:.2e}"
+        )
     summed = result["sum_vs_mean"]
-    print(f"sum_vs_mean: ratio {summed['ratio']:.6f} (expected {args.towers}), "
-          f"max rel diff from k x mean {summed['max_rel_diff_from_k_times_mean']:.2e}")
+    print(
+        f"sum_vs_mean: ratio {summed['ratio']:.6f} (expected {args.towers}), "
+        f"max rel diff from k x mean {summed['max_rel_diff_from_k_times_mean']:.2e}"
+    )
     print(result["explanation"])
     if args.json:
         print(json.dumps(result))

@@ -62,8 +62,14 @@ def keras_mirrored_runner(
 
     def run() -> float:
         clock = _StepClock()
-        model.fit(dataset, epochs=1, steps_per_epoch=steps + 1, shuffle=False, verbose=0,
-                  callbacks=[clock])
+        model.fit(
+            dataset,
+            epochs=1,
+            steps_per_epoch=steps + 1,
+            shuffle=False,
+            verbose=0,
+            callbacks=[clock],
+        )
         return (clock.last_end - clock.first_end) / clock.steps_after_first
 
     return run

@@ -14,7 +14,16 @@ from model.bench.timing import time_once
 from model.sources.cifar import CIFAR10, convert_archive
 
 CIFAR10_CLASSES = (
-    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
 )
 RECORD_BYTES = 1 + 3 * 32 * 32  # <label byte><1024 red, 1024 green, 1024 blue>
 TRAIN_FILES = 5  # data_batch_1..5.bin; the test split is one more file of the same size

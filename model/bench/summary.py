@@ -51,8 +51,9 @@ def summarize(
         )
         for k in settings.keras_towers
     }
-    consumption = max(step["images_per_sec"] for step in results["steps"]
-                      if step["runner"] == "towerbench")
+    consumption = max(
+        step["images_per_sec"] for step in results["steps"] if step["runner"] == "towerbench"
+    )
     return {
         "tower_overhead": overhead,
         "vs_keras_mirrored": versus_keras,
@@ -83,36 +84,59 @@ def target_rows(summary: dict[str, Any], settings) -> list[TargetRow]:
     rows = []
     for towers, ratio in summary["tower_overhead"].items():
         has_target = towers in ("2", "4")
-        rows.append(TargetRow(
-            f"Tower overhead, {towers} towers (step time / 1 tower, global batch "
-            f"{settings.fixed_global_batch})",
-            "≤ 1.10" if has_target else "—", f"{ratio:.3f}",
-            ratio <= 1.10 if has_target else None,
-        ))
+        rows.append(
+            TargetRow(
+                f"Tower overhead, {towers} towers (step time / 1 tower, global batch "
+                f"{settings.fixed_global_batch})",
+                "≤ 1.10" if has_target else "—",
+                f"{ratio:.3f}",
+                ratio <= 1.10 if has_target else None,
+            )
+        )
     for towers, ratio in summary["vs_keras_mirrored"].items():
         batch = int(towers) * settings.per_tower_batch
-        rows.append(TargetRow(
-            f"Our step / Keras fit + MirroredStrategy, {towers} tower(s), global batch {batch}",
-            "≤ 1.00", f"{ratio:.3f}", ratio <= 1.0,
-        ))
+        rows.append(
+            TargetRow(
+                f"Our step / Keras fit + MirroredStrategy, {towers} tower(s), global batch {batch}",
+                "≤ 1.00",
+                f"{ratio:.3f}",
+                ratio <= 1.0,
+            )
+        )
     fraction = summary["roofline_fraction"]
-    rows.append(TargetRow(
-        f"Training FLOP/s / matmul roofline (1 tower, batch {settings.roofline_batch})",
-        "≥ 65%", f"{fraction:.1%}", fraction >= 0.65,
-    ))
+    rows.append(
+        TargetRow(
+            f"Training FLOP/s / matmul roofline (1 tower, batch {settings.roofline_batch})",
+            "≥ 65%",
+            f"{fraction:.1%}",
+            fraction >= 0.65,
+        )
+    )
     ratio = summary["input_pipeline_ratio"]
-    rows.append(TargetRow(
-        "Input pipeline images/s / fastest training consumption", "≥ 3×", f"{ratio:.2f}×",
-        ratio >= 3,
-    ))
+    rows.append(
+        TargetRow(
+            "Input pipeline images/s / fastest training consumption",
+            "≥ 3×",
+            f"{ratio:.2f}×",
+            ratio >= 3,
+        )
+    )
     seconds = summary["preprocess_60k_seconds"]
-    rows.append(TargetRow(
-        "60,000 CIFAR-10 images, binary archive -> TFRecords", "≤ 30 s", f"{seconds:.1f} s",
-        seconds <= 30,
-    ))
+    rows.append(
+        TargetRow(
+            "60,000 CIFAR-10 images, binary archive -> TFRecords",
+            "≤ 30 s",
+            f"{seconds:.1f} s",
+            seconds <= 30,
+        )
+    )
     share = summary["orchestration_overhead"]
-    rows.append(TargetRow(
-        "Prefect flow + MLflow overhead, share of a 2-minute run", "≤ 5%", f"{share:.1%}",
-        share <= 0.05,
-    ))
+    rows.append(
+        TargetRow(
+            "Prefect flow + MLflow overhead, share of a 2-minute run",
+            "≤ 5%",
+            f"{share:.1%}",
+            share <= 0.05,
+        )
+    )
     return rows
