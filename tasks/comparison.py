@@ -277,3 +277,27 @@ def compare(
         if note and row.verdict not in ("baseline",) and not row.verdict.startswith("failed"):
             row.notes.append(note)
     return list(rows.values()), target_accuracy
+
+
+@dataclass(frozen=True)
+class EpochCell:
+    """Mean test accuracy of a configuration's seeds at one evaluation, and how many had one."""
+
+    mean: float
+    seeds: int
+
+
+def accuracy_by_epoch(rows: list[GroupRow]) -> dict[float, dict[str, EpochCell]]:
+    """For every evaluated epoch, each configuration's test accuracy averaged over its seeds."""
+    collected: dict[float, dict[str, list[float]]] = {}
+    for row in rows:
+        for run in row.runs:
+            for epoch, accuracy in zip(run.curve.epochs, run.curve.accuracies, strict=True):
+                collected.setdefault(round(epoch, 2), {}).setdefault(row.group, []).append(accuracy)
+    return {
+        epoch: {
+            group: EpochCell(float(np.mean(values)), len(values))
+            for group, values in by_group.items()
+        }
+        for epoch, by_group in sorted(collected.items())
+    }

@@ -27,7 +27,13 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from model.config import ReportConfig, TrackingConfig, TrainConfig  # noqa: E402
 from model.errors import TowerbenchError  # noqa: E402
-from tasks.comparison import Curve, GroupRow, RunRecord, compare  # noqa: E402
+from tasks.comparison import (  # noqa: E402
+    Curve,
+    GroupRow,
+    RunRecord,
+    accuracy_by_epoch,
+    compare,
+)
 from tasks.markdown import markdown_table  # noqa: E402
 from tasks.tracking import (  # noqa: E402
     CONFIG_TAG,
@@ -199,6 +205,31 @@ def _row_cells(row: GroupRow, target: float | None) -> list[str]:
     ]
 
 
+def _epoch_table(rows: list[GroupRow], most_rows: int = 20) -> str:
+    """Test accuracy per evaluated epoch (mean over seeds), one column per configuration.
+
+    Long runs show every n-th evaluation and the last, at most `most_rows` rows.
+    """
+    by_epoch = accuracy_by_epoch(rows)
+    epochs = list(by_epoch)
+    stride = math.ceil(len(epochs) / most_rows) if epochs else 1
+    shown = epochs[stride - 1 :: stride]
+    if epochs and epochs[-1] not in shown:
+        shown.append(epochs[-1])
+    lines = []
+    for epoch in shown:
+        cells = [f"{epoch:g}"]
+        for row in rows:
+            cell = by_epoch[epoch].get(row.group)
+            if cell is None:
+                cells.append("—")
+            else:
+                partial = f" ({cell.seeds}/{len(row.runs)})" if cell.seeds < len(row.runs) else ""
+                cells.append(f"{100 * cell.mean:.2f}%{partial}")
+        lines.append(cells)
+    return markdown_table(["epoch", *(row.group for row in rows)], lines)
+
+
 def _comparison_with_previous(client: MlflowClient, parent: Run, rows: list[GroupRow]) -> str:
     previous = previous_benchmark(client, parent)
     if previous is None:
@@ -285,6 +316,14 @@ def render_markdown(
             "Towers ran on logical devices split from one physical device: they share its cores, "
             "so images/s, speedup and scaling efficiency measure tower overhead, not scaling.",
         ]
+    parts += [
+        "",
+        "## Test accuracy per epoch",
+        "",
+        "Mean over seeds; (n/m) where only n of the m seeds reached that epoch.",
+        "",
+        _epoch_table(rows),
+    ]
     parts += ["", "## Figures", ""] + [f"![{name}]({name})" for name in figures]
     if benchmark_section is not None:
         parts += ["", "## Compared with the previous benchmark", "", benchmark_section]

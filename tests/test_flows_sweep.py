@@ -218,6 +218,16 @@ def test_report_file_mlflow_copy_and_report_command(finished_sweep, capsys) -> N
     text = report.read_text()
     assert "| towers=2 agg=mean lr=linear warmup=0 dataset=tiny |" in text
     assert "failed:" in text and "baseline" in text
+    # The per-epoch table ends with each completed run's final test accuracy (one seed each).
+    section = text.split("## Test accuracy per epoch")[1].split("## Figures")[0]
+    table = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in section.splitlines()
+        if line.startswith("| ")
+    ]
+    for run in _completed(finished_sweep)[1]:
+        column = table[0].index(run.data.tags["towerbench.group"])
+        assert table[-1][column] == f"{100 * run.data.metrics['test_accuracy']:.2f}%"
     assert {path.name for path in report.parent.iterdir()} == {
         "report.md",
         "accuracy_vs_epoch.png",

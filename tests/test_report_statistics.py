@@ -12,6 +12,7 @@ from model.config import TrainConfig
 from tasks.comparison import (
     Curve,
     RunRecord,
+    accuracy_by_epoch,
     compare,
     noise_scale_note,
     scaling_efficiency,
@@ -115,3 +116,19 @@ def test_compare_rows_verdicts_and_speedup() -> None:
     assert unscaled_row.efficiency == pytest.approx(0.5)
     assert any("far above the measured noise scale" in note for note in unscaled_row.notes)
     assert by_group["towers=2 lr=linear"].verdict == "failed: boom"
+
+
+def test_accuracy_by_epoch_averages_seeds_and_counts_the_ones_that_got_there() -> None:
+    full = _record(4, "linear", 0, 0.8)
+    stopped = _record(4, "linear", 1, 0.6, status="diverged")
+    stopped.curve.epochs.pop()  # stopped after epoch 1
+    stopped.curve.accuracies.pop()
+    baseline = _record(1, "none", 0, 0.9)
+    rows, _ = compare([baseline, full, stopped], [], None)
+    table = accuracy_by_epoch(rows)
+    assert list(table) == [1.0, 2.0]
+    assert table[1.0]["towers=4 lr=linear"].mean == pytest.approx((0.7 + 0.5) / 2)
+    assert table[1.0]["towers=4 lr=linear"].seeds == 2
+    assert table[2.0]["towers=4 lr=linear"].mean == pytest.approx(0.8)
+    assert table[2.0]["towers=4 lr=linear"].seeds == 1
+    assert table[2.0]["towers=1 lr=none"].mean == pytest.approx(0.9)
