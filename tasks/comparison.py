@@ -174,6 +174,8 @@ def verdict(row: GroupRow, baseline: GroupRow | None) -> str:
             f"diverged in {len(diverged)}/{len(row.runs)} seeds{lr_text} (global batch "
             f"{config.global_batch}): lower the peak LR (sqrt scaling) or lengthen the warmup"
         )
+    if row.accuracy.count == 0 and any(run.status == "running" for run in row.runs):
+        return "still running: no seed has finished yet"
     if row.is_baseline:
         return "baseline"
     if baseline is None or row.difference is None:
@@ -209,9 +211,10 @@ def verdict(row: GroupRow, baseline: GroupRow | None) -> str:
         )
     if config.global_batch > base_config.global_batch:
         ratio = config.global_batch / base_config.global_batch
+        other_rule = "sqrt" if config.lr_scaling == "linear" else "linear"
         return (
-            f"{prefix}: {ratio:g}x fewer updates per epoch — train for more epochs or try "
-            "sqrt scaling"
+            f"{prefix}: {ratio:g}x fewer updates per epoch — train for more epochs (the same "
+            f"number of updates) or compare {other_rule} scaling"
         )
     return f"{prefix}: the runs differ beyond seed noise — compare their learning curves"
 

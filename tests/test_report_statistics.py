@@ -74,8 +74,21 @@ def test_scaling_efficiency_and_noise_scale_note() -> None:
     assert noise_scale_note(64, None) is None
 
 
-def _record(towers: int, lr_scaling: str, seed: int, accuracy: float, status: str = "completed"):
-    config = TrainConfig(towers=towers, global_batch=128 * towers, lr_scaling=lr_scaling, seed=seed)
+def _record(
+    towers: int,
+    lr_scaling: str,
+    seed: int,
+    accuracy: float,
+    status: str = "completed",
+    warmup_epochs: float = 0,
+):
+    config = TrainConfig(
+        towers=towers,
+        global_batch=128 * towers,
+        lr_scaling=lr_scaling,
+        seed=seed,
+        warmup_epochs=warmup_epochs,
+    )
     group = f"towers={towers} lr={lr_scaling}"
     seconds = 100.0 / towers
     return RunRecord(
@@ -132,3 +145,14 @@ def test_accuracy_by_epoch_averages_seeds_and_counts_the_ones_that_got_there() -
     assert table[2.0]["towers=4 lr=linear"].mean == pytest.approx(0.8)
     assert table[2.0]["towers=4 lr=linear"].seeds == 1
     assert table[2.0]["towers=1 lr=none"].mean == pytest.approx(0.9)
+
+
+def test_verdicts_for_a_warmed_up_rule_that_still_trails_and_for_a_running_configuration() -> None:
+    baseline = [_record(1, "none", seed, accuracy) for seed, accuracy in enumerate([0.68, 0.69])]
+    sqrt = [_record(4, "sqrt", seed, acc, warmup_epochs=2) for seed, acc in enumerate([0.62, 0.63])]
+    running = [_record(4, "linear", 0, 0.0, status="running", warmup_epochs=2)]
+    rows, _ = compare(baseline + sqrt + running, [], None)
+    by_group = {row.group: row for row in rows}
+    assert "4x fewer updates per epoch" in by_group["towers=4 lr=sqrt"].verdict
+    assert "compare linear scaling" in by_group["towers=4 lr=sqrt"].verdict
+    assert by_group["towers=4 lr=linear"].verdict == "still running: no seed has finished yet"
