@@ -88,9 +88,8 @@ def flat_params(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
-def log_params(tracking: TrackingConfig, run_id: str, params: dict[str, str]) -> None:
+def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
     items = [Param(key, value) for key, value in params.items()]
-    client = client_for(tracking)
     for start in range(0, len(items), 100):  # MLflow's batch limit
         client.log_batch(run_id, params=items[start : start + 100])
 
@@ -104,12 +103,13 @@ def start_sweep_run(
     swept: list[str],
 ) -> str:
     """Create the parent run of a sweep and return its id."""
-    run = client_for(tracking).create_run(
+    client = client_for(tracking)
+    run = client.create_run(
         experiment_id,
         run_name=name,
         tags={KIND_TAG: "sweep", FLOW_TAG: flow, SWEPT_TAG: json.dumps(swept)},
     )
-    log_params(tracking, run.info.run_id, flat_params(params))
+    log_params(client, run.info.run_id, flat_params(params))
     return run.info.run_id
 
 
@@ -123,7 +123,8 @@ def create_config_run(
     data_version: str,
 ) -> str:
     """Create the nested run of one configuration, with every config field as a param."""
-    run = client_for(tracking).create_run(
+    client = client_for(tracking)
+    run = client.create_run(
         experiment_id,
         run_name=name,
         tags={
@@ -137,7 +138,7 @@ def create_config_run(
     )
     params = flat_params(config.model_dump(mode="json"))
     params["data_version"] = data_version
-    log_params(tracking, run.info.run_id, params)
+    log_params(client, run.info.run_id, params)
     return run.info.run_id
 
 
