@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from model.errors import TowerbenchError
@@ -29,6 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+RESUMABLE_COMMANDS = ("sweep", "pipeline")
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     # TensorFlow's C++ start-up chatter hides the output users came for.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -36,13 +44,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # a clean stop, as for Ctrl-C
     try:
         return int(args.handler(args) or 0)
     except TowerbenchError as error:
         print(f"towerbench {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"towerbench {args.command}: interrupted", file=sys.stderr)
+        resume = (
+            "; run the same command again to resume"
+            if args.command in RESUMABLE_COMMANDS
+            else ""
+        )
+        print(f"towerbench {args.command}: interrupted{resume}", file=sys.stderr)
         return 130
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from model.config import Params
+from model.config import Params, apply_sweep_preset
 from model.errors import TowerbenchError
 from tasks.tracking import resolve_tracking
 
@@ -39,9 +39,10 @@ def read_sections(path: Path) -> dict[str, Any]:
 def load_params(path: Path) -> Params:
     """Read and validate a params file; paths in it are made absolute against its folder.
 
+    A `sweep.preset` writes its experiment's settings over the file's `train:` and `sweep:`.
     Absolute paths matter because a served deployment runs its flows from another directory.
     """
-    raw = read_sections(path)
+    raw = apply_sweep_preset(read_sections(path))
     try:
         params = Params.model_validate(raw)
     except ValidationError as error:

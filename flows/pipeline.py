@@ -8,12 +8,25 @@ from prefect import flow
 
 from flows.sweep import FlowKind, sweep
 from model.config import PipelineConfig
+from model.errors import TowerbenchError
+from model.sources import dataset_name
 from tasks.fetch import fetch_task
 from tasks.preprocess import preprocess_task
 
 
-def run_pipeline(config: PipelineConfig, kind: FlowKind) -> dict[str, Any]:
+def check_trains_on_fetched_data(config: PipelineConfig) -> None:
+    """The sweep must train on the dataset this pipeline builds, or its data version lies."""
+    fetched = dataset_name(config.fetch)
+    if config.sweep.base.dataset != fetched:
+        raise TowerbenchError(
+            f"train.dataset: {config.sweep.base.dataset!r} is not the dataset that fetch "
+            f"builds ({fetched!r}); set train.dataset to {fetched!r} or change fetch"
+        )
+
+
+def run_pipeline(config: PipelineConfig, kind: FlowKind, fresh: bool = False) -> dict[str, Any]:
     """Bring the data up to date through DVC, then sweep with its hash as the data version."""
+    check_trains_on_fetched_data(config)
     fetch_task(config.project_dir, config.fetch)
     data_version = preprocess_task(config.project_dir, config.preprocess)
     return sweep(
@@ -23,10 +36,15 @@ def run_pipeline(config: PipelineConfig, kind: FlowKind) -> dict[str, Any]:
         data=config.data,
         data_version=data_version,
         kind=kind,
+        fresh=fresh,
     )
 
 
 @flow(name="pipeline")
-def pipeline(config: PipelineConfig = PipelineConfig()) -> dict[str, Any]:  # noqa: B008
-    """Fetch and preprocess the dataset (DVC), train every configuration, write the report."""
-    return run_pipeline(config, "pipeline")
+def pipeline(
+    config: PipelineConfig = PipelineConfig(),  # noqa: B008
+    fresh: bool = False,
+) -> dict[str, Any]:
+    """Fetch and preprocess the dataset (DVC), train every configuration, write the report.
+    Runs again over an unfinished identical sweep resume it, unless `fresh`."""
+    return run_pipeline(config, "pipeline", fresh)

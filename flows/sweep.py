@@ -1,32 +1,48 @@
-"""The `sweep` flow: one training process per configuration, tracked in MLflow, then the report."""
+"""The `sweep` flow: one training process per configuration, tracked in MLflow, then the report.
+
+Running the same sweep again (same configurations, same data) resumes the newest unfinished one:
+finished configurations are reused, an interrupted one continues from its checkpoint
+(DATA_DIR/checkpoints/<run id>, saved every epoch) in the same MLflow run. `fresh=True` starts anew.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Literal
 
+from mlflow.entities import RunStatus
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_progress_artifact
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 
-from model.config import DataConfig, ReportConfig, SweepConfig, TrackingConfig
+from model.config import DataConfig, ReportConfig, SweepConfig, TrackingConfig, TrainConfig
+from model.errors import TowerbenchError
 from model.sweep import expand, group_name, run_name, swept_fields
 from model.tfrecords import dataset_dir
 from tasks.report import make_report
 from tasks.tracking import (
+    STATUS_TAG,
+    config_key,
     create_config_run,
     ensure_experiment,
     experiment_name,
     finish_sweep_run,
+    reopen_run,
     resolve_tracking,
     run_url,
     start_sweep_run,
+    sweep_children,
+    sweep_key,
+    unfinished_sweep,
 )
 from tasks.train import train_configuration
 from tasks.train_worker import WorkerRequest
 
 FlowKind = Literal["sweep", "pipeline", "benchmark"]
+CHECKPOINTS = "checkpoints"  # under the data dir, one folder per MLflow run
+DONE_STATUSES = ("completed", "diverged")  # a configuration that ended: reused on resume
 
 
 def manifest_digest(data_dir: Path, dataset: str) -> str:
@@ -38,6 +54,28 @@ def manifest_digest(data_dir: Path, dataset: str) -> str:
     return "manifest-md5:" + hashlib.md5(manifest.read_bytes()).hexdigest()
 
 
+def _summary(run_id: str, name: str, config: TrainConfig, outcome: dict[str, Any]) -> dict:
+    summary = {
+        "run_id": run_id,
+        "name": name,
+        "towers": config.towers,
+        "seed": config.seed,
+        "status": outcome["status"],
+        "test_accuracy": outcome.get("test_accuracy"),
+    }
+    for optional in ("error", "unstable"):
+        if outcome.get(optional):
+            summary[optional] = outcome[optional]
+    return summary
+
+
+def _failure_summary(summaries: list[dict[str, Any]]) -> str:
+    failed = [summary for summary in summaries if summary["status"] == "failed"]
+    lines = [f"**{len(failed)} of {len(summaries)} configurations failed.**", ""]
+    lines += [f"- `{summary['name']}`: {summary.get('error', 'see its log')}" for summary in failed]
+    return "\n".join(lines)
+
+
 @flow(name="sweep", flow_run_name="sweep {sweep.base.dataset}")
 def sweep(
     sweep: SweepConfig = SweepConfig(),  # noqa: B008 - immutable default shown in the UI form
@@ -46,30 +84,46 @@ def sweep(
     data: DataConfig = DataConfig(),  # noqa: B008
     data_version: str | None = None,
     kind: FlowKind = "sweep",
+    fresh: bool = False,
 ) -> dict[str, Any]:
     """Train every configuration of the sweep (each in its own process), then compare them.
 
-    A configuration that fails or diverges is recorded as such and the sweep goes on. Returns
-    the parent run id, one summary per configuration and the report's path.
+    A configuration that fails or diverges is recorded as such and the sweep goes on; the sweep
+    fails when every configuration failed, and otherwise completes with a "k of n failed"
+    artifact. Returns the parent run id, one summary per configuration and the report's path.
     """
     logger = get_run_logger()
     tracking = resolve_tracking(tracking)
     data_dir = Path(data.data_dir).resolve()
     configs = expand(sweep)
     extra = swept_fields(sweep)
-    versions = {sweep.base.dataset: data_version or manifest_digest(data_dir, sweep.base.dataset)}
+    versions = {
+        dataset: (data_version if dataset == sweep.base.dataset and data_version else None)
+        or manifest_digest(data_dir, dataset)
+        for dataset in dict.fromkeys([sweep.base.dataset, *(c.dataset for c in configs)])
+    }
+    key = sweep_key(configs, list(versions.values()), kind)
     experiment_id = ensure_experiment(tracking, experiment_name(tracking, sweep.base))
-    parent_run_id = start_sweep_run(
-        tracking,
-        experiment_id,
-        name=f"{kind} {sweep.base.dataset} {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        flow=kind,
-        params={
-            "sweep": sweep.model_dump(mode="json"),
-            "data_version": versions[sweep.base.dataset],
-        },
-        swept=extra,
-    )
+    parent_run_id = None if fresh else unfinished_sweep(tracking, experiment_id, key)
+    previous = {}
+    if parent_run_id is not None:
+        reopen_run(tracking, parent_run_id)
+        previous = sweep_children(tracking, parent_run_id)
+        done = sum(run.data.tags.get(STATUS_TAG) in DONE_STATUSES for run in previous.values())
+        logger.info("resuming sweep %s: %d of %d runs done", parent_run_id, done, len(configs))
+    else:
+        parent_run_id = start_sweep_run(
+            tracking,
+            experiment_id,
+            name=f"{kind} {sweep.base.dataset} {time.strftime('%Y-%m-%d %H:%M:%S')}",
+            flow=kind,
+            params={
+                "sweep": sweep.model_dump(mode="json"),
+                "data_version": versions[sweep.base.dataset],
+            },
+            swept=extra,
+            key=key,
+        )
     logger.info(
         "%d runs; MLflow parent run %s",
         len(configs),
@@ -79,44 +133,66 @@ def sweep(
         0.0, key="sweep-progress", description=f"Training {len(configs)} runs"
     )
     summaries = []
-    failed = True
+    status = RunStatus.FAILED
     try:
         for index, config in enumerate(configs):
             name = run_name(config, extra)
-            if config.dataset not in versions:  # the sweep varies the dataset itself
-                versions[config.dataset] = manifest_digest(data_dir, config.dataset)
-            run_id = create_config_run(
-                tracking,
-                experiment_id,
-                parent_run_id,
-                config,
-                name,
-                group_name(config, extra),
-                versions[config.dataset],
-            )
+            earlier = previous.get(config_key(config))
+            if earlier is not None and earlier.data.tags.get(STATUS_TAG) in DONE_STATUSES:
+                outcome = {
+                    "status": earlier.data.tags[STATUS_TAG],
+                    "test_accuracy": earlier.data.metrics.get("test_accuracy"),
+                }
+                summaries.append(_summary(earlier.info.run_id, name, config, outcome))
+                logger.info("%s: done in an earlier attempt, reused", name)
+                continue
+            if earlier is not None:
+                run_id = earlier.info.run_id
+                reopen_run(tracking, run_id, "running")
+            else:
+                run_id = create_config_run(
+                    tracking,
+                    experiment_id,
+                    parent_run_id,
+                    config,
+                    name,
+                    group_name(config, extra),
+                    versions[config.dataset],
+                )
+            checkpoints = data_dir / CHECKPOINTS / run_id
             request = WorkerRequest(
                 config=config,
                 data_dir=data_dir,
                 tracking_uri=tracking.tracking_uri or "",
                 run_id=run_id,
                 data_version=versions[config.dataset],
+                checkpoint_dir=checkpoints,
             )
             span = (100 * index / len(configs), 100 * (index + 1) / len(configs))
-            outcome = train_configuration(request, name, tracking, progress, span)
-            summaries.append(
-                {
-                    "run_id": run_id,
-                    "name": name,
-                    "towers": config.towers,
-                    "seed": config.seed,
-                    "status": outcome["status"],
-                    "test_accuracy": outcome.get("test_accuracy"),
-                }
-                | ({"error": outcome["error"]} if outcome.get("error") else {})
+            state = train_configuration(request, name, tracking, progress, span, return_state=True)
+            if state.is_failed():
+                outcome = {"status": "failed", "error": str(state.result(raise_on_failure=False))}
+            else:
+                outcome = state.result()
+                shutil.rmtree(checkpoints, ignore_errors=True)  # the model is in MLflow
+            summaries.append(_summary(run_id, name, config, outcome))
+        if all(summary["status"] == "failed" for summary in summaries):
+            raise TowerbenchError(
+                f"all {len(summaries)} configurations failed; the first: "
+                f"{summaries[0].get('error', 'see its log')}"
+            )
+        if any(summary["status"] == "failed" for summary in summaries):
+            create_markdown_artifact(
+                _failure_summary(summaries),
+                key="sweep-failures",
+                description="Configurations that failed",
             )
         report_path = make_report(tracking, parent_run_id, report)
-        failed = False
+        status = RunStatus.FINISHED
+    except (KeyboardInterrupt, SystemExit):
+        status = RunStatus.KILLED
+        raise
     finally:
-        finish_sweep_run(tracking, parent_run_id, failed)
+        finish_sweep_run(tracking, parent_run_id, RunStatus.to_string(status))
     logger.info("report: %s", report_path)
     return {"parent_run_id": parent_run_id, "configs": summaries, "report": report_path}

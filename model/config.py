@@ -6,6 +6,7 @@ that names the field. `model/` receives these objects and never reads files itse
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -115,7 +116,11 @@ class TrainConfig(StrictModel):
     dataset: str = Field(
         "digits", pattern=DATASET_NAME_PATTERN, description="Preprocessed dataset name."
     )
-    model: Literal["tutorial", "resnet20"] = Field("tutorial", description="Network.")
+    model: Literal["tutorial", "tutorial_bn", "resnet20"] = Field(
+        "tutorial",
+        description="Network: the tutorial's CNN (LRN), the same with BatchNorm in place of each "
+        "LRN (statistics per tower), or ResNet-20.",
+    )
     towers: int = Field(1, ge=1, le=1024, description="Replicas, one per device.")
     device_type: Literal["auto", "gpu", "cpu"] = Field(
         "auto", description="Tower devices: GPUs if present (auto), or force GPU / CPU."
@@ -130,8 +135,10 @@ class TrainConfig(StrictModel):
     )
     global_batch: int = Field(128, ge=1, description="Examples per step over all towers.")
     epochs: float = Field(10, gt=0, description="Passes over the training set.")
-    optimizer: Literal["sgd", "momentum"] = Field("sgd", description="Optimizer.")
-    momentum: float = Field(0.9, ge=0, lt=1, description="Momentum for optimizer=momentum.")
+    optimizer: Literal["sgd", "momentum", "nesterov"] = Field(
+        "sgd", description="Plain SGD, heavy-ball momentum or Nesterov momentum."
+    )
+    momentum: float = Field(0.9, ge=0, lt=1, description="Momentum for momentum/nesterov.")
     base_lr: float = Field(0.1, gt=0, description="Learning rate at the reference batch size.")
     reference_batch: int = Field(128, ge=1, description="Batch size base_lr was tuned for.")
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
@@ -140,8 +147,10 @@ class TrainConfig(StrictModel):
     warmup_epochs: float = Field(
         0, ge=0, description="Gradual linear warmup from base_lr to the scaled LR (Goyal 2017)."
     )
-    decay: Literal["constant", "staircase", "piecewise", "cosine"] = Field(
-        "staircase", description="LR decay, counted in epochs."
+    decay: Literal["constant", "staircase", "piecewise", "cosine", "linear"] = Field(
+        "staircase",
+        description="LR decay, counted in epochs; cosine and linear reach 0 at the run's last "
+        "epoch (linear after warmup: the one-cycle shape).",
     )
     decay_epochs: float = Field(
         350, gt=0, description="staircase: multiply the LR by decay_factor every this many epochs."
@@ -166,11 +175,17 @@ class TrainConfig(StrictModel):
     seed: int = Field(0, ge=0, description="Seed for weights, data order and distortions.")
     xla: bool = Field(False, description="Compile the training step with XLA.")
     checkpoint_every: int = Field(
-        0, ge=0, description="Save a checkpoint every N steps (0: only at the end)."
+        0,
+        ge=0,
+        description="With a checkpoint folder: also save every N steps (0: at each epoch's "
+        "end only).",
     )
     eval_every_epochs: float = Field(1, gt=0, description="Evaluate on the test split this often.")
-    divergence_loss: float = Field(
-        1e3, gt=0, description="Stop early when the loss is NaN or above this."
+    divergence_factor: float = Field(
+        3.0,
+        gt=1,
+        description="Stop early when a step's cross-entropy is NaN or above this many times "
+        "chance level (ln of the number of classes).",
     )
 
     @field_validator("global_batch")
@@ -196,6 +211,13 @@ class TrainConfig(StrictModel):
         if self.decay == "piecewise" and not self.decay_boundaries:
             raise ValueError("--decay piecewise needs --decay-boundaries (epochs, comma-separated)")
         return self
+
+    @classmethod
+    def from_stored(cls, text: str) -> TrainConfig:
+        """A configuration saved as JSON by this or an earlier version (keys since removed are
+        dropped, keys since added take their defaults)."""
+        values = json.loads(text)
+        return cls.model_validate({key: values[key] for key in cls.model_fields if key in values})
 
     def preset_fields(self) -> dict[str, object]:
         """Fields whose value came from a preset (not the user, not the plain default)."""
@@ -233,6 +255,64 @@ TrainGrid = create_model(
 )
 
 
+# Whole experiments, reproducible with one `sweep.preset:` line (the README's CIFAR-10 findings).
+SWEEP_PRESETS: dict[str, dict[str, dict[str, object]]] = {
+    # The question's tutorial network at equal updates: 1 tower for 5 epochs vs 4 towers for 20.
+    "cure-updates": {
+        "train": {
+            "model": "tutorial",
+            "optimizer": "sgd",
+            "base_lr": 0.1,
+            "reference_batch": 128,
+            "decay": "constant",
+            "epochs": 5,
+        },
+        "sweep": {
+            "towers": [1, 4],
+            "aggregation": ["mean"],
+            "lr_scaling": ["sqrt", "linear"],
+            "warmup_epochs": [1],
+            "per_tower_batch": 128,
+            "budget": "updates",
+        },
+    },
+    # BatchNorm in place of LRN, Nesterov, warmup then linear decay to 0, at equal epochs.
+    "cure-bn": {
+        "train": {
+            "model": "tutorial_bn",
+            "optimizer": "nesterov",
+            "momentum": 0.9,
+            "base_lr": 0.05,
+            "reference_batch": 128,
+            "decay": "linear",
+            "epochs": 12,
+        },
+        "sweep": {
+            "towers": [1, 4],
+            "aggregation": ["mean"],
+            "lr_scaling": ["linear"],
+            "warmup_epochs": [2],
+            "per_tower_batch": 128,
+            "budget": "epochs",
+        },
+    },
+}
+SweepPresetName = Literal[tuple(SWEEP_PRESETS)]  # type: ignore[valid-type]
+
+
+def apply_sweep_preset(sections: dict[str, dict]) -> dict[str, dict]:
+    """`train`/`sweep` sections with the named `sweep.preset`'s values written over them."""
+    name = (sections.get("sweep") or {}).get("preset")
+    if name not in SWEEP_PRESETS:
+        return sections  # no preset, or an unknown name that validation will refuse by name
+    preset = SWEEP_PRESETS[name]
+    return {
+        **sections,
+        "train": {**(sections.get("train") or {}), **preset["train"]},
+        "sweep": {**(sections.get("sweep") or {}), **preset["sweep"]},
+    }
+
+
 class SweepGrid(StrictModel):
     """The lists a sweep takes the product of (one run per combination)."""
 
@@ -248,6 +328,18 @@ class SweepGrid(StrictModel):
     )
     seeds: list[int] = Field(
         [0, 1], min_length=1, description="Seeds: each configuration runs once per seed."
+    )
+    budget: Literal["epochs", "updates"] = Field(
+        "epochs",
+        description="Compare at equal epochs, or at equal updates: each run trains "
+        "epochs x global_batch / reference_batch epochs, with every epoch-counted schedule "
+        "setting (warmup, decay) stretched by the same factor, so it makes the reference "
+        "batch's number of optimizer steps (Hoffer et al. 2017).",
+    )
+    preset: SweepPresetName | None = Field(
+        None,
+        description="A measured experiment (see SWEEP_PRESETS): its train and sweep settings win "
+        "over params.yaml's; command-line options win over it.",
     )
     per_tower_batch: int | None = Field(
         None,

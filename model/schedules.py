@@ -3,8 +3,9 @@
 peak LR = base_lr * (global_batch / reference_batch) ** {none: 0, linear: 1, sqrt: 1/2}.
 Warmup (Goyal et al. 2017): linear from base_lr to the peak over `warmup_epochs`.
 Decay multiplies the (warmed-up) LR: staircase (x decay_factor every decay_epochs, the tutorial's
-x0.1 every 350 epochs), piecewise (x decay_factor at each boundary epoch), cosine (to 0 at the
-last epoch, starting after warmup) or constant.
+x0.1 every 350 epochs), piecewise (x decay_factor at each boundary epoch), cosine or linear (to 0
+at the last epoch, starting after warmup; linear after a warmup is the one-cycle shape) or
+constant.
 The optimizer's step counter is turned into epochs with `steps_per_epoch`, so a checkpointed
 step resumes the schedule exactly.
 """
@@ -64,9 +65,11 @@ class EpochSchedule:
                 or [tf.constant(0.0)]
             )
             return self.decay_factor**passed
-        if self.decay == "cosine":
+        if self.decay in ("cosine", "linear"):
             span = max(self.total_epochs - self.warmup_epochs, 1e-9)
             progress = tf.clip_by_value((epoch - self.warmup_epochs) / span, 0.0, 1.0)
+            if self.decay == "linear":
+                return 1.0 - progress
             return 0.5 * (1.0 + tf.cos(math.pi * progress))
         raise ValueError(f"unknown decay {self.decay!r}")
 

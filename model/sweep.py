@@ -28,6 +28,20 @@ def canonical(config: TrainConfig) -> TrainConfig:
     return config.model_copy(update=updates)
 
 
+def with_budget(values: dict[str, Any], budget: str) -> dict[str, Any]:
+    """Training values under the sweep's budget. `updates`: every epoch-counted setting is
+    stretched by global_batch / reference_batch, so the run makes the reference batch's number
+    of optimizer steps and its LR schedule is the same function of the step (Hoffer et al.)."""
+    if budget == "epochs":
+        return values
+    factor = values["global_batch"] / values["reference_batch"]
+    stretched = {
+        name: values[name] * factor for name in ("epochs", "warmup_epochs", "decay_epochs")
+    }
+    stretched["decay_boundaries"] = [epoch * factor for epoch in values["decay_boundaries"]]
+    return {**values, **stretched}
+
+
 def swept_fields(sweep: SweepConfig) -> list[str]:
     """Training fields besides the named axes that this sweep varies."""
     return [name for name, values in sweep.grid if values is not None]
@@ -53,7 +67,9 @@ def expand(sweep: SweepConfig) -> list[TrainConfig]:
         if sweep.per_tower_batch is not None:
             values["global_batch"] = values["towers"] * sweep.per_tower_batch
         try:
-            config = canonical(TrainConfig.model_validate({**base, **values}))
+            resolved = TrainConfig.model_validate({**base, **values})
+            budgeted = with_budget(resolved.model_dump(), sweep.budget)
+            config = canonical(TrainConfig.model_validate(budgeted))
         except ValidationError as error:
             problems = "; ".join(
                 f"{'.'.join(map(str, item['loc']))}: {item['msg']}" for item in error.errors()

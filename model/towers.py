@@ -86,6 +86,7 @@ class TowerTrainer:
             self.correct = tf.Variable(0, trainable=False, dtype=tf.int64)
             self.examples = tf.Variable(0, trainable=False, dtype=tf.int64)
             self.last_loss = tf.Variable(0.0, trainable=False)
+            self.last_cross_entropy = tf.Variable(0.0, trainable=False)
             self.weight_decay_loss = tf.Variable(0.0, trainable=False)
         # XLA compiles each tower's forward and backward pass (one cluster per device).
         self._tower = (
@@ -193,6 +194,7 @@ class TowerTrainer:
             self.examples.assign_add(batch)
             self.weight_decay_loss.assign(decay_loss)
             self.last_loss.assign(total)
+            self.last_cross_entropy.assign(cross_entropy)
             return total
 
     def _update_ema(self) -> None:

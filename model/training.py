@@ -96,7 +96,7 @@ def _load_dataset(config: TrainConfig, data_dir: Path):
 
 
 class _Evaluator:
-    """Accuracy and confusion matrix of given weights on the whole test split."""
+    """Confusion matrix and mean cross-entropy of given weights on the whole test split."""
 
     def __init__(self, model, device: str, files, image_shape, crop_size, classes: int):
         import tensorflow as tf
@@ -114,35 +114,68 @@ class _Evaluator:
                     weights, [v.value for v in self.non_trainable], images, training=False
                 )
                 predictions = tf.argmax(logits, -1, tf.int32)
+                kept = tf.where(mask, labels, 0)
+                cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(kept, logits)
             # Padding (mask False) gets weight 0: counted nowhere.
-            return tf.math.confusion_matrix(
-                tf.where(mask, labels, 0),
+            confusion = tf.math.confusion_matrix(
+                kept,
                 predictions,
                 self.classes,
                 weights=tf.cast(mask, tf.int64),
                 dtype=tf.int64,
             )
+            return confusion, tf.reduce_sum(tf.where(mask, cross_entropy, 0.0))
 
         self.predict_batch = predict_batch
 
-    def confusion(self, weights) -> np.ndarray:
+    def evaluate(self, weights) -> tuple[np.ndarray, float]:
+        """(confusion matrix, mean test cross-entropy) of `weights`."""
         import tensorflow as tf
 
         values = [tf.convert_to_tensor(w) for w in weights]
         total = np.zeros((self.classes, self.classes), np.int64)
+        cross_entropy = 0.0
         for images, labels, mask in self.dataset:
-            total += self.predict_batch(values, images, labels, mask).numpy()
-        return total
+            confusion, loss_sum = self.predict_batch(values, images, labels, mask)
+            total += confusion.numpy()
+            cross_entropy += float(loss_sum.numpy())
+        return total, cross_entropy / max(int(total.sum()), 1)
 
 
 def _accuracy(confusion: np.ndarray) -> float:
     return float(np.trace(confusion) / max(confusion.sum(), 1))
 
 
-def _diverged(trainer: TowerTrainer, config: TrainConfig) -> bool:
-    """The last step's loss is NaN/inf or above `divergence_loss` (reading it waits for it)."""
-    loss = float(trainer.last_loss.numpy())
-    return not math.isfinite(loss) or loss > config.divergence_loss
+def _diverged(trainer: TowerTrainer, config: TrainConfig, classes: int) -> bool:
+    """The last step's cross-entropy is NaN/inf or `divergence_factor` times chance level
+    (reading it waits for the step)."""
+    cross_entropy = float(trainer.last_cross_entropy.numpy())
+    total = float(trainer.last_loss.numpy())
+    limit = config.divergence_factor * math.log(classes)
+    return not (math.isfinite(cross_entropy) and math.isfinite(total)) or cross_entropy > limit
+
+
+# A run is unstable when an epoch's mean training cross-entropy rises above chance level
+# (ln C, what predicting 1/C everywhere costs) by this factor, or it ends this close to chance.
+UNSTABLE_LOSS_FACTOR = 1.05
+UNSTABLE_ACCURACY_FACTOR = 2.0
+
+
+def instability(history: list[dict[str, float]], classes: int, test_accuracy: float) -> str | None:
+    """Why this run counts as unstable (learning collapsed), or None."""
+    chance_loss = math.log(classes)
+    losses = [entry["cross_entropy"] for entry in history]
+    worst = max(losses, default=0.0)
+    if not math.isfinite(worst) or worst > UNSTABLE_LOSS_FACTOR * chance_loss:
+        epoch = history[losses.index(worst)]["epoch"] if math.isfinite(worst) else None
+        where = f" in epoch {math.ceil(epoch)}" if epoch is not None else ""
+        return (
+            f"training cross-entropy reached {worst:.2f}{where}, above chance level "
+            f"ln {classes} = {chance_loss:.2f}"
+        )
+    if test_accuracy < UNSTABLE_ACCURACY_FACTOR / classes:
+        return f"test accuracy {100 * test_accuracy:.1f}% is near chance ({100 / classes:.0f}%)"
+    return None
 
 
 def _snapshot(
@@ -186,6 +219,7 @@ def train(
     from model.towers import TowerTrainer
 
     plan = EpochPlan(manifest.splits["train"].examples, config.global_batch, config.towers)
+    classes = len(manifest.classes)
     total_steps = max(round(config.epochs * plan.steps), 1)
     schedule = schedule_from_config(config)
 
@@ -195,7 +229,8 @@ def train(
         network = build_network(config.model, input_shape, len(manifest.classes), config.seed)
     optimizer = keras.optimizers.SGD(
         learning_rate=StepSchedule(schedule, plan.steps),
-        momentum=config.momentum if config.optimizer == "momentum" else 0.0,
+        momentum=config.momentum if config.optimizer in ("momentum", "nesterov") else 0.0,
+        nesterov=config.optimizer == "nesterov",
     )
     trainer = TowerTrainer(
         network,
@@ -250,12 +285,12 @@ def train(
             now = time.perf_counter()
             if now - last_report >= PROGRESS_SECONDS:  # reading from devices waits for them
                 last_report = now
-                if _diverged(trainer, config):
+                if _diverged(trainer, config, classes):
                     status = "diverged"
                     break
                 if on_progress is not None:
                     on_progress(_snapshot(trainer, schedule, step, plan.steps, clock))
-        if _diverged(trainer, config):
+        if _diverged(trainer, config, classes):
             status = "diverged"
         epoch = step / plan.steps
         record = {
@@ -267,15 +302,16 @@ def train(
         due = epoch - last_eval_epoch >= config.eval_every_epochs - 1e-9
         if due or step >= total_steps or status != "completed":
             last_eval_epoch = epoch
-            confusion = evaluator.confusion(trainer.trainable)
+            confusion, record["test_cross_entropy"] = evaluator.evaluate(trainer.trainable)
             record["test_accuracy"] = _accuracy(confusion)
-            record["ema_test_accuracy"] = _accuracy(evaluator.confusion(trainer.ema_weights))
+            record["ema_test_accuracy"] = _accuracy(evaluator.evaluate(trainer.ema_weights)[0])
         else:
             record["test_accuracy"] = record["ema_test_accuracy"] = float("nan")
+            record["test_cross_entropy"] = float("nan")
         if devices.replicas > 1:
             record["noise_scale"] = trainer.noise.value()
         history.append(record)
-        if _checkpoint_due(manager, config, step) and not step % plan.steps:
+        if manager is not None and step < total_steps:  # every epoch: a kill loses one at most
             _save(manager, step, history)
         if on_epoch is not None:
             on_epoch(record)
@@ -283,7 +319,7 @@ def train(
         _save(manager, step, history)
 
     if confusion is None:  # resumed after the last step: nothing was evaluated in this process
-        confusion = evaluator.confusion(trainer.trainable)
+        confusion, _ = evaluator.evaluate(trainer.trainable)
     final = _final_metrics(
         history, confusion, evaluator, trainer, devices, config, schedule, clock, step
     )
@@ -356,7 +392,7 @@ def _final_metrics(
         None,
     )
     if ema_accuracy is None:  # no epoch evaluated the EMA weights in this process
-        ema_accuracy = _accuracy(evaluator.confusion(trainer.ema_weights))
+        ema_accuracy = _accuracy(evaluator.evaluate(trainer.ema_weights)[0])
     final = {
         "test_accuracy": _accuracy(confusion),
         "ema_test_accuracy": ema_accuracy,
@@ -376,7 +412,28 @@ def _final_metrics(
     }
     if devices.replicas > 1:
         final["noise_scale"] = trainer.noise.value()
+    final.update(_final_losses(history))
+    reason = instability(history, confusion.shape[0], final["test_accuracy"])
+    if reason is not None:
+        final["unstable"] = reason
     return final
+
+
+# The last epoch's losses: what the loss paradox in the report is made of.
+FINAL_LOSSES = ("cross_entropy", "weight_decay_loss", "total_loss")
+
+
+def _final_losses(history: list[dict[str, float]]) -> dict[str, float]:
+    """Training losses of the last epoch (all towers), the last test cross-entropy, the gap."""
+    if not history:
+        return {}
+    losses = {f"train_{key}": history[-1][key] for key in FINAL_LOSSES}
+    tested = [entry.get("test_cross_entropy", math.nan) for entry in history]
+    tested = [value for value in tested if math.isfinite(value)]
+    if tested:
+        losses["test_cross_entropy"] = tested[-1]
+        losses["generalization_gap"] = tested[-1] - losses["train_cross_entropy"]
+    return losses
 
 
 def _open_checkpoints(checkpoint, folder: Path, config: TrainConfig):

@@ -6,12 +6,13 @@ tasks running in Prefect's worker threads and training processes never attach to
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Param, RunStatus, RunTag
+from mlflow.entities import Param, Run, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
 from model.config import TrackingConfig, TrainConfig
@@ -26,7 +27,9 @@ ERROR_TAG = "towerbench.error"
 CONFIG_TAG = "towerbench.config"  # the run's TrainConfig as JSON, to rebuild it exactly
 GROUP_TAG = "towerbench.group"  # the configuration without its seed
 DATA_VERSION_TAG = "towerbench.data_version"
+UNSTABLE_TAG = "towerbench.unstable"  # why a completed run counts as unstable (learning collapsed)
 SWEPT_TAG = "towerbench.swept"  # JSON list of the training fields a sweep varied besides its axes
+SWEEP_KEY_TAG = "towerbench.sweep_key"  # what a sweep trains, on which data: resume finds it
 PARENT_TAG = "mlflow.parentRunId"
 
 
@@ -94,6 +97,55 @@ def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> Non
         client.log_batch(run_id, params=items[start : start + 100])
 
 
+def config_key(config: TrainConfig) -> str:
+    """A configuration's identity across versions: its values that differ from the defaults
+    (a field added later, at its default, leaves the key unchanged)."""
+    return json.dumps(config.model_dump(mode="json", exclude_defaults=True), sort_keys=True)
+
+
+def sweep_key(configs: list[TrainConfig], data_versions: list[str], flow: str) -> str:
+    """The same configurations on the same data from the same flow: the same sweep."""
+    payload = json.dumps([flow, sorted(data_versions), [config_key(c) for c in configs]])
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def unfinished_sweep(tracking: TrackingConfig, experiment_id: str, key: str) -> str | None:
+    """The newest parent run of sweep `key` that did not finish (crashed, killed, stopped)."""
+    runs = client_for(tracking).search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{SWEEP_KEY_TAG}` = '{key}' and attributes.status != 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def sweep_children(tracking: TrackingConfig, parent_run_id: str) -> dict[str, Run]:
+    """config_key -> run, for a sweep's configuration runs."""
+    client = client_for(tracking)
+    parent = client.get_run(parent_run_id)
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
+        max_results=5000,
+    )
+    return {
+        config_key(TrainConfig.from_stored(run.data.tags[CONFIG_TAG])): run
+        for run in children
+        if CONFIG_TAG in run.data.tags
+    }
+
+
+def reopen_run(tracking: TrackingConfig, run_id: str, status_tag: str | None = None) -> None:
+    """Mark a run of an interrupted sweep RUNNING again, without its old error."""
+    client = client_for(tracking)
+    if ERROR_TAG in client.get_run(run_id).data.tags:
+        client.delete_tag(run_id, ERROR_TAG)
+    if status_tag is not None:
+        client.set_tag(run_id, STATUS_TAG, status_tag)
+    client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+
+
 def start_sweep_run(
     tracking: TrackingConfig,
     experiment_id: str,
@@ -101,13 +153,19 @@ def start_sweep_run(
     flow: str,
     params: dict[str, Any],
     swept: list[str],
+    key: str,
 ) -> str:
     """Create the parent run of a sweep and return its id."""
     client = client_for(tracking)
     run = client.create_run(
         experiment_id,
         run_name=name,
-        tags={KIND_TAG: "sweep", FLOW_TAG: flow, SWEPT_TAG: json.dumps(swept)},
+        tags={
+            KIND_TAG: "sweep",
+            FLOW_TAG: flow,
+            SWEPT_TAG: json.dumps(swept),
+            SWEEP_KEY_TAG: key,
+        },
     )
     log_params(client, run.info.run_id, flat_params(params))
     return run.info.run_id
@@ -152,9 +210,16 @@ def mark_failed(tracking: TrackingConfig, run_id: str, error: str, log: str = ""
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
 
 
-def finish_sweep_run(tracking: TrackingConfig, run_id: str, failed: bool) -> None:
-    status = RunStatus.FAILED if failed else RunStatus.FINISHED
-    client_for(tracking).set_terminated(run_id, RunStatus.to_string(status))
+def mark_killed(tracking: TrackingConfig, run_id: str, reason: str) -> None:
+    """A run stopped from outside (Ctrl-C, SIGTERM, its sweep gone): KILLED, with the reason."""
+    client = client_for(tracking)
+    client.log_batch(run_id, tags=[RunTag(STATUS_TAG, "failed"), RunTag(ERROR_TAG, reason)])
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.KILLED))
+
+
+def finish_sweep_run(tracking: TrackingConfig, run_id: str, status: str) -> None:
+    """Close a sweep's parent run: FINISHED, FAILED or KILLED."""
+    client_for(tracking).set_terminated(run_id, status)
 
 
 def run_url(tracking: TrackingConfig, experiment_id: str, run_id: str) -> str:

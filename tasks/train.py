@@ -35,10 +35,33 @@ def _error_line(log_text: str, returncode: int) -> str:
     return lines[-1] if lines else f"training process exited with code {returncode}"
 
 
+class TrainingFailed(Exception):
+    """A configuration's training process failed; the message is its one-line cause."""
+
+
+# How long a stopped training process has to mark its run and exit before it is killed.
+STOP_GRACE_SECONDS = 8
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM (the worker marks its MLflow run KILLED, keeps its checkpoint), then SIGKILL."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def run_training_process(
     request: WorkerRequest, on_event: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
-    """Run the worker to completion; returns its result, or a `failed` summary with the error."""
+    """Run the worker to completion; returns its result, or a `failed` summary with the error.
+
+    The worker runs in its own session, so a terminal's Ctrl-C reaches only this process, which
+    then stops the worker itself; a worker whose parent disappears stops on its own.
+    """
     environment = dict(os.environ, MLFLOW_TRACKING_URI=request.tracking_uri)
     environment.pop("MLFLOW_RUN_ID", None)  # would override the run id we pass
     environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -50,20 +73,25 @@ def run_training_process(
             stderr=log,
             text=True,
             env=environment,
+            start_new_session=True,
         )
         assert process.stdin is not None and process.stdout is not None
-        process.stdin.write(request.model_dump_json())
-        process.stdin.close()
         result: dict[str, Any] | None = None
-        for line in process.stdout:
-            if not line.startswith(EVENT_PREFIX):
-                continue
-            event = json.loads(line.removeprefix(EVENT_PREFIX))
-            if event["event"] == "result":
-                result = event
-            else:
-                on_event(event)
-        returncode = process.wait()
+        try:
+            process.stdin.write(request.model_dump_json())
+            process.stdin.close()
+            for line in process.stdout:
+                if not line.startswith(EVENT_PREFIX):
+                    continue
+                event = json.loads(line.removeprefix(EVENT_PREFIX))
+                if event["event"] == "result":
+                    result = event
+                else:
+                    on_event(event)
+            returncode = process.wait()
+        except BaseException:  # Ctrl-C, SIGTERM, a crash of ours: the worker ends with us
+            _stop(process)
+            raise
         log.seek(0)
         log_text = log.read()
     if returncode == 0 and result is not None:
@@ -80,7 +108,8 @@ def train_configuration(
     progress_artifact: UUID | None = None,
     progress_span: tuple[float, float] = (0.0, 100.0),
 ) -> dict[str, Any]:
-    """One configuration; never raises for a failed run, it is recorded and returned as failed."""
+    """One configuration; a failed run is recorded in MLflow and raised as `TrainingFailed`, so
+    its task shows Failed (the sweep goes on with the next configuration)."""
     logger = get_run_logger()
     start, end = progress_span
     epochs = request.config.epochs
@@ -101,13 +130,14 @@ def train_configuration(
             update_progress_artifact(progress_artifact, start + (end - start) * fraction)
 
     outcome = run_training_process(request, on_event)
-    if outcome["status"] == "failed":
-        mark_failed(tracking, request.run_id, outcome["error"], outcome.pop("log", ""))
-        logger.error("%s failed: %s", name, outcome["error"])
-    else:
-        logger.info(
-            "%s %s: test accuracy %.4f", name, outcome["status"], outcome.get("test_accuracy") or 0
-        )
     if progress_artifact is not None:
         update_progress_artifact(progress_artifact, end)
+    if outcome["status"] == "failed":
+        mark_failed(tracking, request.run_id, outcome["error"], outcome.pop("log", ""))
+        raise TrainingFailed(f"{name}: {outcome['error']}")
+    logger.info(
+        "%s %s: test accuracy %.4f", name, outcome["status"], outcome.get("test_accuracy") or 0
+    )
+    if outcome.get("unstable"):
+        logger.warning("%s is unstable: %s", name, outcome["unstable"])
     return {"run_id": request.run_id, "name": name, **outcome}

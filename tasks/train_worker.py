@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -18,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from model.config import TrainConfig
+from model.config import TrackingConfig, TrainConfig
 from model.errors import TowerbenchError
 
 EVENT_PREFIX = "@@towerbench "
@@ -36,6 +39,7 @@ class WorkerRequest(BaseModel):
     tracking_uri: str
     run_id: str
     data_version: str
+    checkpoint_dir: Path | None = None
 
 
 def emit(event: str, values: dict[str, Any]) -> None:
@@ -58,6 +62,11 @@ FINAL_METRICS = (
     "steps",
     "epochs",
     "noise_scale",
+    "train_cross_entropy",
+    "train_weight_decay_loss",
+    "train_total_loss",
+    "test_cross_entropy",
+    "generalization_gap",
 )
 # Trainer summary key -> param name (`parameter_device` is already the configured choice).
 FINAL_PARAMS = {
@@ -87,7 +96,7 @@ def run(request: WorkerRequest) -> dict[str, Any]:
 
     from model.training import train
     from tasks import evaluate
-    from tasks.tracking import STATUS_TAG
+    from tasks.tracking import STATUS_TAG, UNSTABLE_TAG
 
     config = request.config
     mlflow.log_param("tensorflow_version", tf.__version__)
@@ -106,24 +115,58 @@ def run(request: WorkerRequest) -> dict[str, Any]:
             last_progress = time.monotonic()
             emit("progress", _numbers(progress))
 
-    result = train(config, request.data_dir, on_epoch=on_epoch, on_progress=on_progress)
+    result = train(
+        config,
+        request.data_dir,
+        request.checkpoint_dir,
+        on_epoch=on_epoch,
+        on_progress=on_progress,
+    )
     final = result.final
     params = {name: final[key] for key, name in FINAL_PARAMS.items() if key in final}
     mlflow.log_params({**params, "device_names": ",".join(final["device_names"])})
     metrics = _numbers({key: final[key] for key in FINAL_METRICS if key in final})
     mlflow.log_metrics(metrics, step=int(final.get("steps", 0)))
     evaluate.log_evaluation(result)
+    if "unstable" in final:
+        mlflow.set_tag(UNSTABLE_TAG, final["unstable"])
     mlflow.set_tag(STATUS_TAG, result.status)
     return {
         "status": result.status,
+        "unstable": final.get("unstable"),
         "test_accuracy": final.get("test_accuracy"),
         "images_per_sec": final.get("images_per_sec"),
         "wall_time": final.get("wall_time"),
     }
 
 
+def _end_with_the_sweep(request: WorkerRequest) -> None:
+    """Stop when told to (SIGTERM, SIGINT) or when the sweep that started us is gone: mark the
+    run KILLED with the reason and exit at once. The last epoch's checkpoint stays for resume."""
+    sweep_process = os.getppid()
+
+    def stop(reason: str) -> None:
+        from tasks.tracking import mark_killed
+
+        print(f"error: {reason}", file=sys.stderr, flush=True)
+        try:
+            mark_killed(TrackingConfig(tracking_uri=request.tracking_uri), request.run_id, reason)
+        finally:
+            os._exit(143)
+
+    def watch() -> None:
+        while os.getppid() == sweep_process:
+            time.sleep(1.0)
+        stop("the sweep process ended; run the same sweep again to resume from the checkpoint")
+
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: stop("stopped; run the same sweep again to resume"))
+    threading.Thread(target=watch, daemon=True, name="watch-sweep").start()
+
+
 def main() -> int:
     request = WorkerRequest.model_validate_json(sys.stdin.read())
+    _end_with_the_sweep(request)
     import mlflow
 
     mlflow.set_tracking_uri(request.tracking_uri)

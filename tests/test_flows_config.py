@@ -119,3 +119,35 @@ def test_help_renders(command: str, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args([command, "--help"])
     assert exit_info.value.code == 0 and "--tracking-uri" in capsys.readouterr().out
+
+
+def test_a_sweep_preset_is_the_experiment_and_options_still_win(tmp_path: Path) -> None:
+    """`sweep.preset: cure-updates` in the default params.yaml: the preset's settings replace the
+    file's (digits, momentum...), keep its dataset; a command-line option wins over both."""
+    text = (
+        (ROOT / "params.yaml")
+        .read_text()
+        .replace("  per_tower_batch: 32\n", "  preset: cure-updates\n")
+    )
+    (tmp_path / "params.yaml").write_text(text)
+    params = load_params(tmp_path / "params.yaml")
+    runs = expand(params.pipeline(tmp_path).sweep)
+    assert {run.dataset for run in runs} == {"digits"}
+    assert {(run.towers, run.epochs, run.lr_scaling) for run in runs} == {
+        (1, 5, "none"),
+        (4, 20, "sqrt"),
+        (4, 20, "linear"),
+    }
+    assert {(run.model, run.optimizer, run.global_batch // run.towers) for run in runs} == {
+        ("tutorial", "sgd", 128)
+    }
+    args = build_parser().parse_args(
+        ["sweep", "--params", str(tmp_path / "params.yaml"), "--epochs", "2"]
+    )
+    assert {run.epochs for run in expand(sweep_config_from_args(args))} == {2, 8}
+    args = build_parser().parse_args(["sweep", "--preset", "cure-bn", "--seeds", "0"])
+    bn_runs = expand(sweep_config_from_args(args))
+    assert [(run.model, run.optimizer, run.decay, run.towers) for run in bn_runs] == [
+        ("tutorial_bn", "nesterov", "linear", 1),
+        ("tutorial_bn", "nesterov", "linear", 4),
+    ]

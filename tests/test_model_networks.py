@@ -38,3 +38,18 @@ def test_resnet20_uses_batchnorm_and_decays_every_kernel():
     assert len(norms) == 19  # one per convolution: 1 + 3 stages x 3 blocks x 2
     assert len(network.decayed_variables) == 20  # 19 convolutions + the classifier
     assert 260_000 < network.model.count_params() < 280_000  # He et al.: 0.27M
+
+
+def test_tutorial_bn_replaces_each_lrn_by_batchnorm():
+    network = build_network("tutorial_bn", (24, 24, 3), 10, seed=0)
+    model = network.model
+    trainable = sum(int(v.numpy().size) for v in model.trainable_variables)
+    moving = sum(int(v.numpy().size) for v in model.non_trainable_variables)
+    assert (trainable, moving) == (1_068_298 + 2 * 2 * 64, 2 * 2 * 64)
+    kinds = [type(layer).__name__ for layer in model.layers]
+    assert "LocalResponseNormalization" not in kinds
+    assert [layer.name for layer in model.layers if "BatchNorm" in type(layer).__name__] == [
+        "norm1",
+        "norm2",
+    ]
+    assert [v.path for v in network.decayed_variables] == ["local3/kernel", "local4/kernel"]

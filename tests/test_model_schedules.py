@@ -26,7 +26,7 @@ def _lr_per_epoch(config: TrainConfig, examples: int) -> tuple[np.ndarray, float
     return np.array([float(by_step(e * plan.steps)) for e in epochs]), schedule.peak_lr
 
 
-@pytest.mark.parametrize("decay", ["staircase", "piecewise", "cosine", "constant"])
+@pytest.mark.parametrize("decay", ["staircase", "piecewise", "cosine", "linear", "constant"])
 def test_schedule_in_epochs_is_the_same_for_1_2_and_4_towers(decay):
     common = dict(
         dataset="cifar10",
@@ -78,3 +78,60 @@ def test_warmup_and_decay_values():
     cosine = schedule_from_config(TrainConfig(dataset="cifar10", decay="cosine", epochs=10))
     assert float(cosine(5.0)) == pytest.approx(0.05)
     assert math.isclose(float(cosine(10.0)), 0.0, abs_tol=1e-8)
+
+
+def test_linear_decay_is_one_cycle_shaped():
+    """Warmup from base_lr to the peak, then a straight line to 0 at the run's last epoch."""
+    config = TrainConfig(
+        dataset="cifar10",
+        towers=4,
+        global_batch=512,
+        lr_scaling="linear",
+        warmup_epochs=2,
+        decay="linear",
+        epochs=10,
+    )
+    schedule = schedule_from_config(config)
+    assert float(schedule(0.0)) == pytest.approx(0.1)
+    assert float(schedule(2.0)) == pytest.approx(0.4)
+    assert float(schedule(6.0)) == pytest.approx(0.2)
+    assert math.isclose(float(schedule(10.0)), 0.0, abs_tol=1e-8)
+
+
+def test_updates_budget_gives_every_run_the_reference_number_of_steps():
+    """`budget: updates`: 4 towers train 4x the epochs, and the LR is the same function of the
+    optimizer step as the 1-tower run's (after the peak is scaled)."""
+    from model.config import SweepConfig
+    from model.sweep import expand
+
+    base = TrainConfig(
+        dataset="cifar10",
+        epochs=5,
+        reference_batch=128,
+        warmup_epochs=1,
+        decay="piecewise",
+        decay_boundaries=[3],
+    )
+    runs = expand(
+        SweepConfig(
+            base=base,
+            towers=[1, 4],
+            lr_scaling=["linear"],
+            warmup_epochs=[1],
+            seeds=[0],
+            per_tower_batch=128,
+            budget="updates",
+        )
+    )
+    one, four = runs
+    assert (one.epochs, four.epochs) == (5, 20)
+    assert four.warmup_epochs == 4 and four.decay_boundaries == [12]
+    examples = 50_000
+    steps = [
+        round(run.epochs * EpochPlan(examples, run.global_batch, run.towers).steps) for run in runs
+    ]
+    assert abs(steps[0] - steps[1]) / steps[0] < 0.01  # equal updates, up to partial batches
+    one_lr = StepSchedule(schedule_from_config(one), EpochPlan(examples, 128, 1).steps)
+    four_lr = StepSchedule(schedule_from_config(four), EpochPlan(examples, 512, 4).steps)
+    for step in (500, 1000, 1900):  # after the 4-tower warmup
+        assert float(four_lr(step)) / 4 == pytest.approx(float(one_lr(step)), rel=0.01, abs=1e-7)

@@ -29,6 +29,17 @@ def test_averaged_towers_equal_one_device_and_sum_is_k_times_mean():
     assert "local3/kernel" in names and len(names) == 10
 
 
+def test_per_tower_batchnorm_equals_ghost_batchnorm_not_global_batchnorm():
+    """tutorial_bn: k towers = one device normalising each of the same k shards by itself; BN
+    over the whole batch is a different function, and gradcheck says so."""
+    towers = fixtures_model.LOGICAL_CPUS
+    result = run_gradcheck("tutorial_bn", towers, global_batch=32, seed=3)
+    assert result["ghost_vs_mean"]["max_rel_diff"] <= 1e-5
+    assert result["ghost_vs_mean"]["weights_max_rel_diff"] <= 1e-5
+    assert result["mean_vs_single"]["max_rel_diff"] > 1e-3  # a real difference, not rounding
+    assert "ghost" in result["explanation"]
+
+
 def _trainer(devices, aggregation, weight_decay, lr=0.5):
     with tf.device(devices.parameter_device):
         network = build_network("tutorial", (8, 8, 1), 10, seed=1)

@@ -102,11 +102,59 @@ def test_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(
 def test_exploding_loss_stops_the_run_as_diverged(data_dir, monkeypatch):
     monkeypatch.setattr(training, "PROGRESS_SECONDS", 0.0)
     config = TrainConfig(
-        dataset="digits", towers=1, global_batch=64, epochs=3, base_lr=1e4, divergence_loss=50
+        dataset="digits", towers=1, global_batch=64, epochs=3, base_lr=1e4, divergence_factor=2
     )
     result = training.train(config, data_dir)
     assert result.status == "diverged"
     assert result.final["steps"] < 30
+
+
+def test_tutorial_bn_with_nesterov_and_linear_decay_learns_and_reports_its_losses(data_dir):
+    config = TrainConfig(
+        dataset="digits",
+        model="tutorial_bn",
+        towers=2,
+        global_batch=64,
+        epochs=4,
+        base_lr=0.02,
+        optimizer="nesterov",
+        decay="linear",
+        lr_scaling="linear",
+        reference_batch=32,
+        warmup_epochs=1,
+    )
+    result = training.train(config, data_dir)
+    final = result.final
+    assert result.status == "completed" and "unstable" not in final
+    assert final["test_accuracy"] > 0.5  # chance is 0.1
+    assert final["effective_lr"] == pytest.approx(0.04)
+    assert result.history[-1]["lr"] == pytest.approx(0.0, abs=1e-6)  # decayed to 0 at the end
+    last = result.history[-1]
+    assert final["train_cross_entropy"] == last["cross_entropy"]
+    assert final["train_total_loss"] == pytest.approx(
+        final["train_cross_entropy"] + final["train_weight_decay_loss"]
+    )
+    assert final["generalization_gap"] == pytest.approx(
+        final["test_cross_entropy"] - final["train_cross_entropy"]
+    )
+    assert 0 < final["test_cross_entropy"] < np.log(10)
+
+
+@pytest.mark.parametrize(
+    ("losses", "accuracy", "reason"),
+    [
+        ([2.0, 1.0, 0.5], 0.9, None),
+        ([4.4, 2.1, 2.0], 0.226, "training cross-entropy reached 4.40 in epoch 1, above chance"),
+        ([2.2, 2.28, 2.29], 0.15, "test accuracy 15.0% is near chance (10%)"),
+        ([float("nan")], 0.1, "training cross-entropy reached nan"),
+    ],
+)
+def test_instability_is_named_relative_to_chance(losses, accuracy, reason):
+    history = [
+        {"epoch": float(index + 1), "cross_entropy": loss} for index, loss in enumerate(losses)
+    ]
+    found = training.instability(history, 10, accuracy)
+    assert found == reason if reason is None else found.startswith(reason)
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from model.config import (
     SweepGrid,
     TrackingConfig,
     TrainConfig,
+    apply_sweep_preset,
 )
 
 # Prefect starts a temporary API server when none is configured; its default 20 s start-up
@@ -33,6 +34,9 @@ def _prepare_prefect() -> None:
     os.environ.setdefault(
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_SECONDS
     )
+    from flows.temporary_server import start_owned_temporary_server
+
+    start_owned_temporary_server()
 
 
 def _tracking(args: argparse.Namespace, base: TrackingConfig) -> TrackingConfig:
@@ -71,9 +75,15 @@ def sweep_config_from_args(args: argparse.Namespace) -> SweepConfig:
         params = load_params(args.params)
         base_values = params.train.model_dump(exclude_unset=True)
         axes = params.sweep.model_dump(exclude_unset=True)
+    axis_values = values_from_args(SweepGrid, args)
+    if "preset" in axis_values:  # the experiment's settings, under the other options given
+        sections = apply_sweep_preset(
+            {"train": base_values, "sweep": {**axes, "preset": axis_values["preset"]}}
+        )
+        base_values, axes = sections["train"], sections["sweep"]
     train_values, grid_values = _split_training_values(args)
     base = build_model(TrainConfig, {**base_values, **train_values})
-    axes.update(values_from_args(SweepGrid, args))
+    axes.update(axis_values)
     axes["grid"] = {**axes.get("grid", {}), **grid_values}
     return build_model(SweepConfig, {**axes, "base": base.model_dump()})
 
@@ -109,7 +119,11 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     data = build_model(DataConfig, values_from_args(DataConfig, args))
     report = build_model(ReportConfig, values_from_args(ReportConfig, args))
     outcome = sweep(
-        sweep=config, tracking=_tracking(args, TrackingConfig()), report=report, data=data
+        sweep=config,
+        tracking=_tracking(args, TrackingConfig()),
+        report=report,
+        data=data,
+        fresh=args.fresh,
     )
     return _print_outcome(outcome, args.json)
 
@@ -122,7 +136,7 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
     params = load_params(args.params)
     config = params.pipeline(args.params.resolve().parent)
     config = config.model_copy(update={"tracking": _tracking(args, config.tracking)})
-    return _print_outcome(pipeline(config=config), args.json)
+    return _print_outcome(pipeline(config=config, fresh=args.fresh), args.json)
 
 
 def run_report_command(args: argparse.Namespace) -> int:
@@ -158,6 +172,11 @@ def run_ui_command(args: argparse.Namespace) -> int:
 def _add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="End with one JSON line summarising the sweep."
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="Start a new sweep even if an identical one was interrupted (default: resume it).",
     )
 
 

@@ -1,0 +1,48 @@
+"""Prefect's temporary API server, made one of ours.
+
+Without PREFECT_API_URL Prefect starts a temporary server in a child process. Left alone, a
+terminal's Ctrl-C kills it before our own clean-up can use it, and a SIGKILL of ours leaves it
+orphaned and listening. Started here instead, it runs in its own session (Ctrl-C reaches only
+us; it is stopped at exit) and the kernel ends it when its parent dies (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import signal
+import subprocess
+import types
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _end_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the thread that started it ends."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def start_owned_temporary_server() -> None:
+    """Start the temporary server now, from this (main) thread, unless an API URL is set.
+
+    PR_SET_PDEATHSIG follows the thread that forked the child, so the server must be started
+    from the main thread; every later Prefect client reuses this one instance.
+    """
+    if os.environ.get("PREFECT_API_URL"):
+        return
+    from prefect.server.api import server as prefect_server
+
+    class OwnedServer(prefect_server.SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            popen = functools.partial(
+                subprocess.Popen, start_new_session=True, preexec_fn=_end_with_parent
+            )
+            original = prefect_server.subprocess
+            prefect_server.subprocess = types.SimpleNamespace(Popen=popen)
+            try:
+                return super()._run_uvicorn_command()
+            finally:
+                prefect_server.subprocess = original
+
+    OwnedServer().start()  # registered as Prefect's default temporary server
