@@ -15,7 +15,7 @@ from model.bench.summary import (
     target_rows,
 )
 from model.sources.layout import write_atomically
-from tasks.markdown import markdown_table
+from tasks.report.markdown import markdown_table
 
 MET = {True: "yes", False: "**no**", None: "—"}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -12,6 +13,7 @@ from model.errors import TowerbenchError
 from model.sources import dataset_name
 from tasks.fetch import fetch_task
 from tasks.preprocess import preprocess_task
+from tasks.report import publish_artifact
 
 
 def check_trains_on_fetched_data(config: PipelineConfig) -> None:
@@ -29,7 +31,7 @@ def run_pipeline(config: PipelineConfig, kind: FlowKind, fresh: bool = False) ->
     check_trains_on_fetched_data(config)
     fetch_task(config.project_dir, config.fetch)
     data_version = preprocess_task(config.project_dir, config.preprocess)
-    return sweep(
+    outcome = sweep(
         sweep=config.sweep,
         tracking=config.tracking,
         report=config.report,
@@ -38,6 +40,10 @@ def run_pipeline(config: PipelineConfig, kind: FlowKind, fresh: bool = False) ->
         kind=kind,
         fresh=fresh,
     )
+    # The top-level run shows the report too, with where to find it.
+    lead = f"MLflow parent run: {outcome['mlflow_url']}\n\n"
+    publish_artifact(Path(outcome["report"]), key=f"{kind}-report", lead=lead)
+    return outcome
 
 
 @flow(name="pipeline")

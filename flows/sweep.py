@@ -124,11 +124,8 @@ def sweep(
             swept=extra,
             key=key,
         )
-    logger.info(
-        "%d runs; MLflow parent run %s",
-        len(configs),
-        run_url(tracking, experiment_id, parent_run_id),
-    )
+    mlflow_url = run_url(tracking, experiment_id, parent_run_id)
+    logger.info("%d runs; MLflow parent run %s", len(configs), mlflow_url)
     progress = create_progress_artifact(
         0.0, key="sweep-progress", description=f"Training {len(configs)} runs"
     )
@@ -195,4 +192,9 @@ def sweep(
     finally:
         finish_sweep_run(tracking, parent_run_id, RunStatus.to_string(status))
     logger.info("report: %s", report_path)
-    return {"parent_run_id": parent_run_id, "configs": summaries, "report": report_path}
+    return {
+        "parent_run_id": parent_run_id,
+        "mlflow_url": mlflow_url,
+        "configs": summaries,
+        "report": report_path,
+    }

@@ -156,7 +156,8 @@ def _diverged(trainer: TowerTrainer, config: TrainConfig, classes: int) -> bool:
 
 
 # A run is unstable when an epoch's mean training cross-entropy rises above chance level
-# (ln C, what predicting 1/C everywhere costs) by this factor, or it ends this close to chance.
+# (ln C, what predicting 1/C everywhere costs) by this factor, or when its loss did not fall and
+# it ends within this factor of chance accuracy.
 UNSTABLE_LOSS_FACTOR = 1.05
 UNSTABLE_ACCURACY_FACTOR = 2.0
 
@@ -173,8 +174,13 @@ def instability(history: list[dict[str, float]], classes: int, test_accuracy: fl
             f"training cross-entropy reached {worst:.2f}{where}, above chance level "
             f"ln {classes} = {chance_loss:.2f}"
         )
-    if test_accuracy < UNSTABLE_ACCURACY_FACTOR / classes:
-        return f"test accuracy {100 * test_accuracy:.1f}% is near chance ({100 / classes:.0f}%)"
+    # Near chance at the end after a loss that went nowhere or back up: collapsed, not just short.
+    stalled = len(losses) >= 2 and losses[-1] >= losses[0]
+    if stalled and test_accuracy < UNSTABLE_ACCURACY_FACTOR / classes:
+        return (
+            f"test accuracy {100 * test_accuracy:.1f}% is near chance ({100 / classes:.0f}%) "
+            f"and the training cross-entropy did not fall ({losses[0]:.2f} -> {losses[-1]:.2f})"
+        )
     return None
 
 

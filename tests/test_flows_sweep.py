@@ -230,12 +230,20 @@ def test_report_file_mlflow_copy_and_report_command(finished_sweep, capsys) -> N
         assert table[-1][column] == f"{100 * run.data.metrics['test_accuracy']:.2f}%"
     assert {path.name for path in report.parent.iterdir()} == {
         "report.md",
+        "report.html",
         "accuracy_vs_epoch.png",
         "accuracy_vs_time.png",
+        "loss_vs_epoch.png",
     }
+    assert "![loss_vs_epoch.png](loss_vs_epoch.png)" in text  # files beside the markdown
+    html = (report.parent / "report.html").read_text()
+    assert "<table>" in html and html.count('src="data:image/png;base64,') == 3
     client = MlflowClient(tracking.tracking_uri)
     logged = {item.path for item in client.list_artifacts(outcome["parent_run_id"], "report")}
-    assert "report/report.md" in logged
+    assert {"report/report.md", "report/report.html"} <= logged
+    parent_metrics = client.get_run(outcome["parent_run_id"]).data.metrics
+    assert "delta_pp/towers-2_agg-mean_lr-linear_warmup-0_dataset-tiny" in parent_metrics
+    assert "## Losses" in text and "train cross-entropy" in text
 
     status = main(
         [
@@ -269,6 +277,8 @@ def test_prefect_artifacts_progress_and_report_linking_the_parent_run(finished_s
         )
     assert progress and all(artifact.data == 100 for artifact in progress)
     texts = [artifact.data for artifact in artifacts]
+    # Figures embedded: the Prefect UI cannot load files beside the report.
+    assert all("](accuracy_vs" not in text and "data:image/png;base64," in text for text in texts)
     assert any(
         "#/experiments/" in text
         and f"/runs/{outcome['parent_run_id']}" in text

@@ -145,7 +145,8 @@ def test_tutorial_bn_with_nesterov_and_linear_decay_learns_and_reports_its_losse
     [
         ([2.0, 1.0, 0.5], 0.9, None),
         ([4.4, 2.1, 2.0], 0.226, "training cross-entropy reached 4.40 in epoch 1, above chance"),
-        ([2.2, 2.28, 2.29], 0.15, "test accuracy 15.0% is near chance (10%)"),
+        ([2.2, 2.28, 2.29], 0.15, "test accuracy 15.0% is near chance (10%) and the training"),
+        ([2.3, 2.25, 2.2], 0.15, None),  # short, but learning
         ([float("nan")], 0.1, "training cross-entropy reached nan"),
     ],
 )

@@ -9,17 +9,17 @@ import pytest
 from scipy import stats
 
 from model.config import TrainConfig
-from tasks.comparison import (
+from tasks.report.render import loss_paradox
+from tasks.report.statistics import (
     Curve,
     RunRecord,
     accuracy_by_epoch,
-    compare,
-    noise_scale_note,
     scaling_efficiency,
     summarize,
     time_to_target,
     welch,
 )
+from tasks.report.verdicts import compare, noise_scale_note
 
 
 def test_welch_matches_scipy_ttest_and_its_confidence_interval() -> None:
@@ -81,6 +81,9 @@ def _record(
     accuracy: float,
     status: str = "completed",
     warmup_epochs: float = 0,
+    epochs: float = 10,
+    unstable: str | None = None,
+    losses: dict[str, float] | None = None,
 ):
     config = TrainConfig(
         towers=towers,
@@ -88,8 +91,9 @@ def _record(
         lr_scaling=lr_scaling,
         seed=seed,
         warmup_epochs=warmup_epochs,
+        epochs=epochs,
     )
-    group = f"towers={towers} lr={lr_scaling}"
+    group = f"towers={towers} lr={lr_scaling}" + (f" epochs={epochs:g}" if epochs != 10 else "")
     seconds = 100.0 / towers
     return RunRecord(
         run_id=f"{group}-{seed}",
@@ -104,6 +108,8 @@ def _record(
         device_kind="logical CPU",
         curve=Curve([1.0, 2.0], [seconds / 2, seconds], [accuracy - 0.1, accuracy]),
         error="boom" if status == "failed" else None,
+        unstable=unstable,
+        losses=losses or {},
     )
 
 
@@ -121,7 +127,8 @@ def test_compare_rows_verdicts_and_speedup() -> None:
     expected = stats.ttest_ind([0.84, 0.841], [0.86, 0.862], equal_var=False)
     assert unscaled_row.difference.p_value == pytest.approx(expected.pvalue)
     assert expected.pvalue < 0.05
-    assert "apply linear scaling" in unscaled_row.verdict
+    assert "apply linear scaling (measured: `towers=4 lr=linear` -0.1 pp" in unscaled_row.verdict
+    assert "`towers=4 lr=linear` closed the gap" in unscaled_row.verdict
     assert "global batch 512" in unscaled_row.verdict
     assert by_group["towers=4 lr=linear"].verdict.startswith("no significant difference")
     # Time to the target (reached at the last point): 25 s with 4 towers, 100 s with one.
@@ -153,6 +160,56 @@ def test_verdicts_for_a_warmed_up_rule_that_still_trails_and_for_a_running_confi
     running = [_record(4, "linear", 0, 0.0, status="running", warmup_epochs=2)]
     rows, _ = compare(baseline + sqrt + running, [], None)
     by_group = {row.group: row for row in rows}
-    assert "4x fewer updates per epoch" in by_group["towers=4 lr=sqrt"].verdict
-    assert "compare linear scaling" in by_group["towers=4 lr=sqrt"].verdict
+    verdict = by_group["towers=4 lr=sqrt"].verdict
+    assert "4x fewer updates than 1 tower" in verdict
+    assert "train for the same number of updates (untested here)" in verdict
+    assert "compare linear scaling (untested here)" in verdict  # the linear run has not finished
     assert by_group["towers=4 lr=linear"].verdict == "still running: no seed has finished yet"
+
+
+def test_a_measured_remedy_is_named_and_untested_advice_is_labelled() -> None:
+    """Equal updates (4x the epochs) closed the gap: the equal-epoch verdict says so."""
+    baseline = [_record(1, "none", seed, acc) for seed, acc in enumerate([0.68, 0.69])]
+    short = [_record(4, "sqrt", seed, acc, warmup_epochs=2) for seed, acc in enumerate([0.6, 0.61])]
+    long = [
+        _record(4, "sqrt", seed, acc, warmup_epochs=2, epochs=40)
+        for seed, acc in enumerate([0.683, 0.69])
+    ]
+    rows, _ = compare(baseline + short + long, [], None)
+    by_group = {row.group: row for row in rows}
+    verdict = by_group["towers=4 lr=sqrt"].verdict
+    assert verdict.startswith("-8.0 pp")
+    assert "`towers=4 lr=sqrt epochs=40` closed the gap (+0.1 pp, p=0.83)" in verdict
+    assert "train for the same number of updates (measured: `towers=4 lr=sqrt epochs=40`" in verdict
+    assert by_group["towers=4 lr=sqrt epochs=40"].closes_gap
+
+
+def test_an_unstable_configuration_is_named_and_its_noise_scale_not_used() -> None:
+    baseline = [_record(1, "none", seed, acc) for seed, acc in enumerate([0.985, 0.986])]
+    reason = "training cross-entropy reached 4.40 in epoch 1, above chance level ln 10 = 2.30"
+    collapsed = [_record(4, "linear", seed, 0.226, unstable=reason) for seed in (0, 1)]
+    rows, _ = compare(baseline + collapsed, [], None)
+    row = {row.group: row for row in rows}["towers=4 lr=linear"]
+    assert row.verdict.startswith(f"unstable in 2/2 seeds ({reason}): LR 0.4 is too high")
+    assert "try sqrt scaling (untested here)" in row.verdict
+    assert "fewer updates" not in row.verdict
+    assert row.noise_scale is None and not row.notes
+
+
+def test_loss_paradox_is_explained_from_the_measured_losses() -> None:
+    def losses(train: float, test: float) -> dict[str, float]:
+        return {
+            "train_cross_entropy": train,
+            "test_cross_entropy": test,
+            "generalization_gap": test - train,
+        }
+
+    one = [_record(1, "none", s, a, losses=losses(0.7, 0.8)) for s, a in enumerate([0.86, 0.861])]
+    four = [_record(4, "none", s, a, losses=losses(0.5, 0.9)) for s, a in enumerate([0.84, 0.841])]
+    rows, _ = compare(one + four, [], None)
+    text = loss_paradox(rows)
+    assert "`towers=4 lr=none` ended with a lower training cross-entropy" in text
+    assert "(0.500 vs 0.700)" in text and "(84.05% vs 86.05%)" in text
+    assert "gap of 0.400 vs 0.100" in text
+    rows, _ = compare(one, [], None)
+    assert "no loss paradox was measured" in loss_paradox(rows)

@@ -60,6 +60,9 @@ def welch(sample: list[float], baseline: list[float], confidence: float = 0.95) 
     return Difference(difference, difference - half_width, difference + half_width, float(p_value))
 
 
+CLOSE_ENOUGH = 0.01  # 1 percentage point of accuracy
+
+
 @dataclass(frozen=True)
 class Curve:
     """Test accuracy of one run after each evaluation."""
@@ -82,23 +85,6 @@ def scaling_efficiency(images_per_sec: float, baseline_images_per_sec: float, to
     return images_per_sec / (towers * baseline_images_per_sec)
 
 
-def noise_scale_note(global_batch: int, noise_scale: float | None) -> str | None:
-    """What the measured gradient noise scale B_simple says about this global batch."""
-    if noise_scale is None or not math.isfinite(noise_scale) or noise_scale <= 0:
-        return None
-    if global_batch > 2 * noise_scale:
-        return (
-            f"global batch {global_batch} is far above the measured noise scale ≈ "
-            f"{noise_scale:.0f}: expect diminishing returns per example"
-        )
-    if global_batch < noise_scale / 2:
-        return (
-            f"global batch {global_batch} is well below the noise scale ≈ {noise_scale:.0f}: "
-            "larger batches should still pay off almost linearly"
-        )
-    return f"global batch {global_batch} is near the noise scale ≈ {noise_scale:.0f}"
-
-
 @dataclass
 class RunRecord:
     """One configuration run with one seed, as recorded in MLflow."""
@@ -115,6 +101,10 @@ class RunRecord:
     device_kind: str | None
     curve: Curve
     error: str | None = None
+    unstable: str | None = None  # why learning collapsed, if it did
+    steps: float | None = None  # optimizer updates made
+    losses: dict[str, float] = field(default_factory=dict)  # final losses (see LOSS_METRICS)
+    loss_curves: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -135,6 +125,24 @@ class GroupRow:
     verdict: str = ""
     is_baseline: bool = False
     notes: list[str] = field(default_factory=list)
+    baseline_group: str | None = None
+    losses: dict[str, float | None] = field(default_factory=dict)  # mean over completed seeds
+    steps: float | None = None  # mean optimizer updates of completed seeds
+
+    @property
+    def unstable(self) -> list[RunRecord]:
+        return [run for run in self.runs if run.unstable]
+
+    @property
+    def closes_gap(self) -> bool:
+        """Within 1 pp of the baseline, with a 95% interval that contains 0."""
+        difference = self.difference
+        return (
+            difference is not None
+            and difference.ci_low is not None
+            and difference.ci_low <= 0 <= difference.ci_high
+            and abs(difference.difference) <= CLOSE_ENOUGH
+        )
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -160,69 +168,11 @@ def _baseline_for(group: list[RunRecord], groups: dict[str, list[RunRecord]], sw
     return candidates[0] if candidates else None
 
 
-def verdict(row: GroupRow, baseline: GroupRow | None) -> str:
-    """One plain-language sentence: is the difference real, and what to change."""
-    config = row.config
-    failed = [run for run in row.runs if run.status == "failed"]
-    diverged = [run for run in row.runs if run.status == "diverged"]
-    if len(failed) == len(row.runs):
-        return f"failed: {failed[0].error or 'see the run log'}"
-    if diverged:
-        lr = _mean([run.effective_lr for run in diverged])
-        lr_text = f" at LR {lr:g}" if lr is not None else ""
-        return (
-            f"diverged in {len(diverged)}/{len(row.runs)} seeds{lr_text} (global batch "
-            f"{config.global_batch}): lower the peak LR (sqrt scaling) or lengthen the warmup"
-        )
-    if row.accuracy.count == 0 and any(run.status == "running" for run in row.runs):
-        return "still running: no seed has finished yet"
-    if row.is_baseline:
-        return "baseline"
-    if baseline is None or row.difference is None:
-        return "no 1-tower baseline to compare with"
-    difference = row.difference
-    points = 100 * difference.difference
-    if difference.p_value is None:
-        return f"{points:+.1f} pp from one seed per side: add seeds to tell it from noise"
-    if difference.p_value >= 0.05:
-        return (
-            f"no significant difference ({points:+.1f} pp, 95% CI "
-            f"[{100 * difference.ci_low:+.1f}, {100 * difference.ci_high:+.1f}], "
-            f"p={difference.p_value:.2f})"
-        )
-    if points > 0:
-        return f"{points:+.1f} pp better than 1 tower (p={difference.p_value:.3f})"
-    base_config = baseline.config
-    prefix = f"{points:+.1f} pp (p={difference.p_value:.3f})"
-    if config.aggregation == "sum" and config.towers > 1:
-        return (
-            f"{prefix}: summed gradients make each step {config.towers}x larger — aggregate "
-            f"with mean or divide the LR by {config.towers}"
-        )
-    if config.global_batch > base_config.global_batch and config.lr_scaling == "none":
-        return (
-            f"{prefix}: global batch {config.global_batch} at unscaled LR {config.base_lr:g} "
-            "— apply linear scaling"
-        )
-    if config.lr_scaling != "none" and config.warmup_epochs == 0:
-        return (
-            f"{prefix}: {config.lr_scaling} scaling jumps straight to the peak LR — add warmup "
-            "epochs"
-        )
-    if config.global_batch > base_config.global_batch:
-        ratio = config.global_batch / base_config.global_batch
-        other_rule = "sqrt" if config.lr_scaling == "linear" else "linear"
-        return (
-            f"{prefix}: {ratio:g}x fewer updates per epoch — train for more epochs (the same "
-            f"number of updates) or compare {other_rule} scaling"
-        )
-    return f"{prefix}: the runs differ beyond seed noise — compare their learning curves"
-
-
-def compare(
+def group_rows(
     runs: list[RunRecord], swept: list[str], target_accuracy: float | None
 ) -> tuple[list[GroupRow], float | None]:
-    """One row per configuration, in run order, and the target accuracy used for timing."""
+    """One row per configuration, in run order, each against its 1-tower baseline (no verdicts
+    yet), and the target accuracy used for timing."""
     groups: dict[str, list[RunRecord]] = {}
     for run in runs:
         groups.setdefault(run.group, []).append(run)
@@ -260,8 +210,14 @@ def compare(
             speedup=None,
             images_per_sec=_mean([run.images_per_sec for run in completed]),
             efficiency=None,
-            noise_scale=_mean([run.noise_scale for run in completed]),
+            noise_scale=_mean([run.noise_scale for run in completed if not run.unstable]),
             is_baseline=baselines[name] == name,
+            baseline_group=baselines[name],
+            losses={
+                key: _mean([run.losses.get(key) for run in completed])
+                for key in dict.fromkeys(key for run in completed for key in run.losses)
+            },
+            steps=_mean([run.steps for run in completed]),
         )
     for name, row in rows.items():
         baseline = rows.get(baselines[name] or "")
@@ -275,10 +231,6 @@ def compare(
                 row.efficiency = scaling_efficiency(
                     row.images_per_sec, baseline.images_per_sec, row.config.towers
                 )
-        row.verdict = verdict(row, baseline)
-        note = noise_scale_note(row.config.global_batch, row.noise_scale)
-        if note and row.verdict not in ("baseline",) and not row.verdict.startswith("failed"):
-            row.notes.append(note)
     return list(rows.values()), target_accuracy
 
 

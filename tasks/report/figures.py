@@ -1,0 +1,85 @@
+"""The report's figures: test accuracy against epochs and wall time, losses against epochs.
+
+One colour per configuration, one line style per seed; epochs on integer ticks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: figures only go to files
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from tasks.report.statistics import RunRecord  # noqa: E402
+
+SEED_STYLES = ("-", "--", ":", "-.")
+DPI = 110
+
+
+def _colours(records: list[RunRecord]) -> dict[str, tuple]:
+    palette = plt.get_cmap("tab10")
+    groups = dict.fromkeys(record.group for record in records)
+    return {group: palette(index % 10) for index, group in enumerate(groups)}
+
+
+def _plot_lines(axis, records, colours, points) -> None:
+    """One line per run; `points(record)` gives its (x, y); each group labelled once."""
+    labelled: set[str] = set()
+    for record in records:
+        x, y = points(record)
+        axis.plot(
+            x,
+            y,
+            color=colours[record.group],
+            linestyle=SEED_STYLES[record.config.seed % len(SEED_STYLES)],
+            marker=".",
+            label=None if record.group in labelled else record.group,
+        )
+        labelled.add(record.group)
+
+
+def _save(figure, folder: Path, name: str) -> str:
+    figure.tight_layout()
+    figure.savefig(folder / name, dpi=DPI)
+    plt.close(figure)
+    return name
+
+
+def _accuracy_figure(records, colours, x_key: str, x_label: str, folder: Path, name: str) -> str:
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    _plot_lines(axis, records, colours, lambda r: (getattr(r.curve, x_key), r.curve.accuracies))
+    if x_key == "epochs":
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.set(xlabel=x_label, ylabel="test accuracy", title=f"Test accuracy vs {x_label}")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize="small")
+    return _save(figure, folder, name)
+
+
+def _loss_figure(records, colours, folder: Path, name: str) -> str:
+    """Training cross-entropy (all towers) and test cross-entropy per epoch, side by side."""
+    figure, (train_axis, test_axis) = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    _plot_lines(train_axis, records, colours, lambda r: r.loss_curves.get("train", ([], [])))
+    _plot_lines(test_axis, records, colours, lambda r: r.loss_curves.get("test", ([], [])))
+    for axis, title in ((train_axis, "Training"), (test_axis, "Test")):
+        axis.set(xlabel="epoch", ylabel="cross-entropy", title=f"{title} cross-entropy")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.grid(alpha=0.3)
+    test_axis.legend(fontsize="small")
+    return _save(figure, folder, name)
+
+
+def report_figures(records: list[RunRecord], folder: Path) -> list[str]:
+    """Write the figures into `folder`; returns their file names."""
+    colours = _colours(records)
+    return [
+        _accuracy_figure(records, colours, "epochs", "epoch", folder, "accuracy_vs_epoch.png"),
+        _accuracy_figure(
+            records, colours, "wall_times", "wall time (s)", folder, "accuracy_vs_time.png"
+        ),
+        _loss_figure(records, colours, folder, "loss_vs_epoch.png"),
+    ]

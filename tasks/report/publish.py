@@ -1,0 +1,152 @@
+"""Publishing a sweep's report where people look for it.
+
+`write_report` compares the runs read back from MLflow and writes, atomically, a folder
+`<report_dir>/<parent run id>/` with `report.md` (figures as files beside it), `report.html`
+(figures embedded, for MLflow's artifact viewer) and the figures; it logs that folder to the
+parent run under `report/`, and the summary per configuration as the parent run's metrics.
+`make_report` is the Prefect task; its markdown artifact embeds the figures as data URIs, since
+the Prefect UI cannot load files beside the report.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import markdown
+from mlflow.entities import Metric, Run
+from mlflow.tracking import MlflowClient
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from model.config import ReportConfig, TrackingConfig
+from tasks.report.figures import report_figures
+from tasks.report.reading import previous_benchmark, sweep_parent, sweep_records
+from tasks.report.render import ReportHeader, benchmark_section, render_report
+from tasks.report.statistics import GroupRow
+from tasks.report.verdicts import compare
+from tasks.tracking import FLOW_TAG, SWEPT_TAG, client_for, run_url
+
+REPORT_ARTIFACT_DIR = "report"
+FIGURE_LINK = re.compile(r"\]\(([\w.-]+\.png)\)")
+HTML_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>{title}</title>
+<style>body{{font-family:sans-serif;max-width:1200px;margin:1em auto;}}
+table{{border-collapse:collapse;font-size:13px;}}td,th{{border:1px solid #ccc;padding:3px 6px;}}
+img{{max-width:100%;}}</style></head><body>{body}</body></html>
+"""
+
+
+def embed_figures(text: str, folder: Path) -> str:
+    """`text` with every `](name.png)` link to a file in `folder` replaced by a data URI."""
+
+    def inline(match: re.Match) -> str:
+        encoded = base64.b64encode((folder / match.group(1)).read_bytes()).decode()
+        return f"](data:image/png;base64,{encoded})"
+
+    return FIGURE_LINK.sub(inline, text)
+
+
+def _metric_key(group: str) -> str:
+    """MLflow metric names allow letters, digits, `_-./ ` only: `towers=4 lr=sqrt` ->
+    `towers-4_lr-sqrt`."""
+    return group.replace("=", "-").replace(" ", "_")
+
+
+def summary_metrics(rows: list[GroupRow]) -> dict[str, float]:
+    """Per configuration: mean test accuracy, and against 1 tower the difference and p-value."""
+    metrics: dict[str, float] = {}
+    for row in rows:
+        key = _metric_key(row.group)
+        if row.accuracy.count:
+            metrics[f"accuracy/{key}"] = row.accuracy.mean
+        if row.difference is not None:
+            metrics[f"delta_pp/{key}"] = 100 * row.difference.difference
+            if row.difference.p_value is not None:
+                metrics[f"p_value/{key}"] = row.difference.p_value
+    return metrics
+
+
+def _benchmark(client: MlflowClient, parent: Run, rows: list[GroupRow]) -> str | None:
+    if parent.data.tags.get(FLOW_TAG) != "benchmark":
+        return None
+    previous = previous_benchmark(client, parent)
+    if previous is None:
+        return "No earlier finished benchmark in this experiment to compare with."
+    swept = json.loads(previous.data.tags.get(SWEPT_TAG, "[]"))
+    before = {row.group: row for row in compare(sweep_records(client, previous), swept, None)[0]}
+    same_data = previous.data.params.get("data_version") == parent.data.params.get("data_version")
+    return benchmark_section(previous.info.run_id, same_data, rows, before)
+
+
+def _write_folder(destination: Path, write) -> None:
+    """Fill a staging folder with `write(folder)`, then swap it in for `destination`."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}-", dir=destination.parent))
+    try:
+        write(staging)
+        if destination.exists():
+            shutil.rmtree(destination)
+        os.replace(staging, destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def write_report(tracking: TrackingConfig, parent_run_id: str, report: ReportConfig) -> Path:
+    """Compute, write and log the report of a sweep; returns the markdown file's path."""
+    client = client_for(tracking)
+    parent = sweep_parent(client, parent_run_id)
+    records = sweep_records(client, parent)
+    swept = json.loads(parent.data.tags.get(SWEPT_TAG, "[]"))
+    rows, target = compare(records, swept, report.target_accuracy)
+    header = ReportHeader(
+        title=parent.info.run_name,
+        parent_run_id=parent_run_id,
+        run_link=run_url(tracking, parent.info.experiment_id, parent_run_id),
+        data_version=parent.data.params.get("data_version", "unknown"),
+        device_kinds=sorted({record.device_kind for record in records if record.device_kind}),
+        target=target,
+    )
+    benchmark = _benchmark(client, parent, rows)
+
+    def write(folder: Path) -> None:
+        names = report_figures(records, folder)
+        text = render_report(header, rows, records, {name: name for name in names}, benchmark)
+        (folder / "report.md").write_text(text)
+        body = markdown.markdown(embed_figures(text, folder), extensions=["tables"])
+        (folder / "report.html").write_text(HTML_PAGE.format(title=header.title, body=body))
+
+    destination = Path(report.report_dir).resolve() / parent_run_id
+    _write_folder(destination, write)
+    client.log_artifacts(parent_run_id, str(destination), REPORT_ARTIFACT_DIR)
+    now = int(time.time() * 1000)
+    metrics = [Metric(key, value, now, 0) for key, value in summary_metrics(rows).items()]
+    for start in range(0, len(metrics), 1000):  # MLflow's batch limit
+        client.log_batch(parent_run_id, metrics=metrics[start : start + 1000])
+    return destination / "report.md"
+
+
+def publish_artifact(report_path: Path, key: str, lead: str = "") -> None:
+    """The report as a Prefect markdown artifact of the current run, figures embedded."""
+    text = embed_figures(report_path.read_text(), report_path.parent)
+    create_markdown_artifact(
+        f"{lead}{text}\n\nReport folder: `{report_path.parent}`.\n",
+        key=key,
+        description="Sweep comparison report",
+    )
+
+
+@task(name="report", cache_policy=NO_CACHE)  # reads runs that may have changed
+def make_report(tracking: TrackingConfig, parent_run_id: str, report: ReportConfig) -> str:
+    """The report as files, in MLflow and as a Prefect markdown artifact."""
+    path = write_report(tracking, parent_run_id, report)
+    publish_artifact(path, key="sweep-report")
+    return str(path)

@@ -1,0 +1,128 @@
+"""Reading a sweep back from MLflow: its parent run and one `RunRecord` per configuration run."""
+
+from __future__ import annotations
+
+from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from model.config import TrainConfig
+from model.errors import TowerbenchError
+from tasks.report.statistics import Curve, RunRecord
+from tasks.tracking import (
+    CONFIG_TAG,
+    ERROR_TAG,
+    FLOW_TAG,
+    GROUP_TAG,
+    KIND_TAG,
+    PARENT_TAG,
+    STATUS_TAG,
+    UNSTABLE_TAG,
+)
+
+# Final metrics of a run that make up the loss table (see model.training._final_losses).
+LOSS_METRICS = (
+    "train_cross_entropy",
+    "train_weight_decay_loss",
+    "train_total_loss",
+    "test_cross_entropy",
+    "generalization_gap",
+)
+
+
+def _history(client: MlflowClient, run_id: str, key: str) -> dict[int, float]:
+    return {point.step: point.value for point in client.get_metric_history(run_id, key)}
+
+
+def _by_epoch(epochs: dict[int, float], values: dict[int, float]) -> tuple[list, list]:
+    """(epochs, values) where both were logged at the same step, in step order."""
+    steps = sorted(set(epochs) & set(values))
+    return [epochs[step] for step in steps], [values[step] for step in steps]
+
+
+def _curves(client: MlflowClient, run_id: str) -> tuple[Curve, dict[str, tuple[list, list]]]:
+    """Test accuracy per evaluation (with its epoch and wall time), and the training and test
+    cross-entropy per epoch."""
+    epochs = _history(client, run_id, "epoch")
+    accuracy = _history(client, run_id, "test_accuracy")
+    wall = _history(client, run_id, "wall_time")
+    steps = sorted(set(accuracy) & set(epochs) & set(wall))
+    curve = Curve(
+        epochs=[epochs[step] for step in steps],
+        wall_times=[wall[step] for step in steps],
+        accuracies=[accuracy[step] for step in steps],
+    )
+    losses = {
+        "train": _by_epoch(epochs, _history(client, run_id, "cross_entropy")),
+        "test": _by_epoch(epochs, _history(client, run_id, "test_cross_entropy")),
+    }
+    return curve, losses
+
+
+def _float(value: str | float | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def run_record(client: MlflowClient, run: Run) -> RunRecord:
+    tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
+    curve, loss_curves = _curves(client, run.info.run_id)
+    return RunRecord(
+        run_id=run.info.run_id,
+        name=run.info.run_name,
+        group=tags.get(GROUP_TAG, run.info.run_name),
+        config=TrainConfig.from_stored(tags[CONFIG_TAG]),
+        status=tags.get(STATUS_TAG, "failed" if run.info.status == "FAILED" else "running"),
+        final_accuracy=metrics.get("test_accuracy"),
+        images_per_sec=metrics.get("images_per_sec"),
+        effective_lr=_float(params.get("effective_lr")),
+        noise_scale=metrics.get("noise_scale"),
+        device_kind=params.get("device_kind"),
+        curve=curve,
+        error=tags.get(ERROR_TAG),
+        unstable=tags.get(UNSTABLE_TAG),
+        steps=metrics.get("steps"),
+        losses={key: metrics[key] for key in LOSS_METRICS if key in metrics},
+        loss_curves=loss_curves,
+    )
+
+
+def sweep_parent(client: MlflowClient, parent_run_id: str) -> Run:
+    """The parent run of a sweep, or a clear error naming `--sweep`."""
+    try:
+        parent = client.get_run(parent_run_id)
+    except MlflowException as error:
+        raise TowerbenchError(
+            f"--sweep: no MLflow run {parent_run_id!r} in {client.tracking_uri}"
+        ) from error
+    if parent.data.tags.get(KIND_TAG) != "sweep":
+        raise TowerbenchError(f"--sweep: run {parent_run_id} is not a sweep's parent run")
+    return parent
+
+
+def sweep_records(client: MlflowClient, parent: Run) -> list[RunRecord]:
+    """The configuration runs of a sweep, in start order."""
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'",
+        order_by=["attributes.start_time ASC"],
+        max_results=5000,
+    )
+    return [run_record(client, run) for run in children]
+
+
+def previous_benchmark(client: MlflowClient, parent: Run) -> Run | None:
+    """The latest finished benchmark sweep before `parent` in the same experiment."""
+    runs = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=(
+            f"tags.`{KIND_TAG}` = 'sweep' and tags.`{FLOW_TAG}` = 'benchmark' "
+            f"and attributes.status = 'FINISHED' "
+            f"and attributes.start_time < {parent.info.start_time}"
+        ),
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0] if runs else None

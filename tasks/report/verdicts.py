@@ -1,0 +1,196 @@
+"""Plain-language verdicts that advise only what a sweep measured; other advice says "untested".
+
+A remedy counts as measured when the sweep holds a configuration with the same towers and global
+batch that applies it (more updates, a scaling rule, warmup, ...): the verdict then quotes that
+configuration's result, and names it first when it closed the gap (within 1 pp of 1 tower, 95%
+interval containing 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from model.config import TrainConfig
+from tasks.report.statistics import GroupRow, RunRecord, group_rows
+
+Applies = Callable[[TrainConfig], bool]
+
+
+def noise_scale_note(global_batch: int, noise_scale: float | None) -> str | None:
+    """What the measured gradient noise scale B_simple says about this global batch."""
+    if noise_scale is None or not math.isfinite(noise_scale) or noise_scale <= 0:
+        return None
+    if global_batch > 2 * noise_scale:
+        return (
+            f"global batch {global_batch} is far above the measured noise scale ≈ "
+            f"{noise_scale:.0f}: expect diminishing returns per example"
+        )
+    if global_batch < noise_scale / 2:
+        return (
+            f"global batch {global_batch} is well below the noise scale ≈ {noise_scale:.0f}: "
+            "larger batches should still pay off almost linearly"
+        )
+    return f"global batch {global_batch} is near the noise scale ≈ {noise_scale:.0f}"
+
+
+def measured(row: GroupRow) -> str:
+    """`-0.3 pp, p=0.71` (or what is known so far) for a row compared with its baseline."""
+    difference = row.difference
+    if difference is None:
+        return "no finished seed" if row.accuracy.count == 0 else "no baseline"
+    text = f"{100 * difference.difference:+.1f} pp"
+    return text if difference.p_value is None else f"{text}, p={difference.p_value:.2f}"
+
+
+def _same_devices(row: GroupRow, rows: list[GroupRow]) -> list[GroupRow]:
+    """Other non-baseline configurations with this one's towers and global batch."""
+    return [
+        other
+        for other in rows
+        if other is not row
+        and not other.is_baseline
+        and other.config.towers == row.config.towers
+        and other.config.global_batch == row.config.global_batch
+    ]
+
+
+def _advice(text: str, row: GroupRow, rows: list[GroupRow], applies: Applies) -> str:
+    """`text`, with the sweep's evidence for it: the best configuration applying it, or
+    "untested here"."""
+    tried = [other for other in _same_devices(row, rows) if applies(other.config)]
+    tried = [other for other in tried if other.accuracy.count]
+    if not tried:
+        return f"{text} (untested here)"
+    best = max(tried, key=lambda other: other.accuracy.mean)
+    return f"{text} (measured: `{best.group}` {measured(best)})"
+
+
+def _equal_updates(config: TrainConfig, baseline: TrainConfig) -> bool:
+    """`config` trains as many optimizer steps as `baseline` (within 2%)."""
+    steps_ratio = (config.epochs / config.global_batch) / (baseline.epochs / baseline.global_batch)
+    return abs(steps_ratio - 1) < 0.02
+
+
+def _prefix_with_remedy(text: str, row: GroupRow, rows: list[GroupRow]) -> str:
+    closed = [other for other in _same_devices(row, rows) if other.closes_gap]
+    if not closed:
+        return text
+    best = min(closed, key=lambda other: abs(other.difference.difference))
+    return f"`{best.group}` closed the gap ({measured(best)}); {text}"
+
+
+def _unstable(row: GroupRow, rows: list[GroupRow], unstable: list[RunRecord]) -> str:
+    lr = unstable[0].effective_lr
+    lr_text = f"LR {lr:g}" if lr is not None else "the LR"
+    config = row.config
+    advice = "; ".join(
+        [
+            _advice("try sqrt scaling", row, rows, lambda c: c.lr_scaling == "sqrt"),
+            _advice(
+                "a longer warmup",
+                row,
+                rows,
+                lambda c: c.warmup_epochs > config.warmup_epochs,
+            ),
+            _advice(
+                "a BatchNorm network",
+                row,
+                rows,
+                lambda c: c.model in ("tutorial_bn", "resnet20"),
+            ),
+        ]
+    )
+    return (
+        f"unstable in {len(unstable)}/{len(row.runs)} seeds ({unstable[0].unstable}): {lr_text} "
+        f"is too high for {config.model} at global batch {config.global_batch} — {advice}"
+    )
+
+
+def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> str:
+    """One plain-language sentence: is the difference real, and what to change."""
+    config = row.config
+    failed = [run for run in row.runs if run.status == "failed"]
+    diverged = [run for run in row.runs if run.status == "diverged"]
+    if len(failed) == len(row.runs):
+        return f"failed: {failed[0].error or 'see the run log'}"
+    if diverged:
+        lr = diverged[0].effective_lr
+        lr_text = f" at LR {lr:g}" if lr is not None else ""
+        advice = _advice(
+            "lower the peak LR (sqrt scaling) or lengthen the warmup",
+            row,
+            rows,
+            lambda c: c.lr_scaling == "sqrt" or c.warmup_epochs > config.warmup_epochs,
+        )
+        return (
+            f"diverged in {len(diverged)}/{len(row.runs)} seeds{lr_text} (global batch "
+            f"{config.global_batch}): {advice}"
+        )
+    if row.unstable:
+        text = _unstable(row, rows, row.unstable)
+        return f"baseline, but {text}" if row.is_baseline else text
+    if row.accuracy.count == 0 and any(run.status == "running" for run in row.runs):
+        return "still running: no seed has finished yet"
+    if row.is_baseline:
+        return "baseline"
+    if baseline is None or row.difference is None:
+        return "no 1-tower baseline to compare with"
+    difference = row.difference
+    points = 100 * difference.difference
+    if difference.p_value is None:
+        return f"{points:+.1f} pp from one seed per side: add seeds to tell it from noise"
+    if difference.p_value >= 0.05:
+        return (
+            f"no significant difference ({points:+.1f} pp, 95% CI "
+            f"[{100 * difference.ci_low:+.1f}, {100 * difference.ci_high:+.1f}], "
+            f"p={difference.p_value:.2f})"
+        )
+    if points > 0:
+        return f"{points:+.1f} pp better than 1 tower (p={difference.p_value:.3f})"
+    base_config = baseline.config
+    prefix = f"{points:+.1f} pp (p={difference.p_value:.3f})"
+    if config.aggregation == "sum" and config.towers > 1:
+        advice = _advice(
+            f"aggregate with mean or divide the LR by {config.towers}",
+            row,
+            rows,
+            lambda c: c.aggregation == "mean",
+        )
+        return f"{prefix}: summed gradients make each step {config.towers}x larger — {advice}"
+    if config.global_batch > base_config.global_batch and config.lr_scaling == "none":
+        advice = _advice("apply linear scaling", row, rows, lambda c: c.lr_scaling == "linear")
+        text = f"global batch {config.global_batch} at unscaled LR {config.base_lr:g} — {advice}"
+    elif config.lr_scaling != "none" and config.warmup_epochs == 0:
+        advice = _advice("add warmup epochs", row, rows, lambda c: c.warmup_epochs > 0)
+        text = f"{config.lr_scaling} scaling jumps straight to the peak LR — {advice}"
+    elif config.global_batch > base_config.global_batch and not _equal_updates(config, base_config):
+        ratio = config.global_batch / base_config.global_batch
+        other_rule = "sqrt" if config.lr_scaling == "linear" else "linear"
+        more_updates = _advice(
+            "train for the same number of updates",
+            row,
+            rows,
+            lambda c: _equal_updates(c, base_config),
+        )
+        other = _advice(
+            f"compare {other_rule} scaling", row, rows, lambda c: c.lr_scaling == other_rule
+        )
+        text = f"{ratio:g}x fewer updates than 1 tower — {more_updates}; {other}"
+    else:
+        text = "the runs differ beyond seed noise — compare their learning curves"
+    return f"{prefix}: {_prefix_with_remedy(text, row, rows)}"
+
+
+def compare(
+    runs: list[RunRecord], swept: list[str], target_accuracy: float | None
+) -> tuple[list[GroupRow], float | None]:
+    """One row per configuration with its verdict and notes, and the timing target used."""
+    rows, target = group_rows(runs, swept, target_accuracy)
+    by_group = {row.group: row for row in rows}
+    for row in rows:
+        row.verdict = verdict(row, by_group.get(row.baseline_group or ""), rows)
+        note = noise_scale_note(row.config.global_batch, row.noise_scale)
+        if note and not row.is_baseline and not row.unstable and row.accuracy.count:
+            row.notes.append(note)
+    return rows, target
