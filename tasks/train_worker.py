@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from model.config import TrainConfig
 from model.errors import TowerbenchError
+from tasks.preflight import bound_mlflow_http
 
 EVENT_PREFIX = "@@towerbench "
 PROGRESS_INTERVAL_SECONDS = 1.0
@@ -124,6 +125,7 @@ def run(request: WorkerRequest) -> dict[str, Any]:
 
 def main() -> int:
     request = WorkerRequest.model_validate_json(sys.stdin.read())
+    bound_mlflow_http()  # also when started by a served deployment, not the CLI
     import mlflow
 
     mlflow.set_tracking_uri(request.tracking_uri)
