@@ -54,7 +54,11 @@ def dataset_name(config: FetchConfig) -> str:
 
 
 def fetch(config: FetchConfig, data_dir: Path) -> Path:
-    """Bring DATA_DIR/raw/<name>/ to what `config` describes; return that folder."""
+    """Bring DATA_DIR/raw/<name>/ to what `config` describes; return that folder.
+
+    The new version is assembled beside it and swapped in whole, so a failed fetch leaves the
+    previous one as it was (and no empty folder); only a resumable partial download stays.
+    """
     source = source_for(config.source)
     folder = raw_dir(data_dir, dataset_name(config))
     staging = ensure_writable(staging_dir(folder))
