@@ -15,14 +15,15 @@ alone would break the "60,000 images in < 30 s" budget.
 Writing is deterministic: examples keep their input order, example i of a split goes to shard
 i % n (so every shard mixes all classes even when the input is sorted by class), protobufs are
 serialised deterministically and nothing time- or host-dependent is stored. The whole folder is
-written under a temporary name and renamed into place, so readers never see half a dataset.
+written under a temporary name and renamed into place, so readers never see half a dataset; a
+full disk removes the temporary folder, keeps the previous version and is one line.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,7 @@ import tensorflow as tf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from model.errors import TowerbenchError
+from model.storage import replace_folder, space_errors
 
 MANIFEST_NAME = "manifest.json"
 # Images are summarised in chunks so mean/std never materialise a float copy of the dataset.
@@ -196,9 +198,13 @@ def _write_split(
         # Example i goes to shard i % n: fixed by position, independent of timing or threads.
         shard_images = np.ascontiguousarray(images[index::num_files])
         shard_labels = labels[index::num_files].tolist()
-        with tf.io.TFRecordWriter(str(folder / file_name)) as writer:
-            for image, label in zip(shard_images, shard_labels, strict=True):
-                writer.write(_serialize(image.tobytes(), label, shape))
+        try:
+            with tf.io.TFRecordWriter(str(folder / file_name)) as writer:
+                for image, label in zip(shard_images, shard_labels, strict=True):
+                    writer.write(_serialize(image.tobytes(), label, shape))
+        except tf.errors.ResourceExhaustedError as error:
+            # TensorFlow's file writer reports a full disk this way; make it the OS error it is.
+            raise OSError(errno.ENOSPC, error.message, str(folder / file_name)) from None
         files.append(
             ShardFile(
                 path=file_name, examples=len(shard_labels), sha256=_sha256(folder / file_name)
@@ -206,17 +212,6 @@ def _write_split(
         )
     per_class = np.bincount(labels, minlength=num_classes).tolist()
     return SplitInfo(examples=count, per_class=per_class, files=files)
-
-
-def _replace_folder(new: Path, target: Path) -> None:
-    """Move `new` to `target`, swapping out any previous version with two renames."""
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-        os.replace(new, target)
-        shutil.rmtree(old)
-    else:
-        os.replace(new, target)
 
 
 def write_dataset(
@@ -248,28 +243,31 @@ def write_dataset(
 
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        infos = {
-            split: _write_split(staging, split, images, labels, shards, len(classes))
-            for split, (images, labels) in arrays.items()
-        }
-        stats_split = "train" if "train" in arrays else next(iter(arrays))
-        mean, std = _channel_stats(arrays[stats_split][0])
-        manifest = Manifest(
-            dataset=name,
-            classes=list(classes),
-            image_shape=[int(size) for size in next(iter(shapes))],
-            splits=infos,
-            mean=mean,
-            std=std,
-            source=source,
-        )
-        (staging / MANIFEST_NAME).write_text(json.dumps(manifest.model_dump(), indent=2) + "\n")
-        # mkdtemp creates 0700; give the published folder ordinary permissions.
-        staging.chmod(0o755)
-        _replace_folder(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    needed = sum(images.nbytes for images, _ in arrays.values())  # the pixels are most of it
+    with space_errors(out_dir, needed, "the TFRecords"):
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+        try:
+            infos = {
+                split: _write_split(staging, split, images, labels, shards, len(classes))
+                for split, (images, labels) in arrays.items()
+            }
+            stats_split = "train" if "train" in arrays else next(iter(arrays))
+            mean, std = _channel_stats(arrays[stats_split][0])
+            manifest = Manifest(
+                dataset=name,
+                classes=list(classes),
+                image_shape=[int(size) for size in next(iter(shapes))],
+                splits=infos,
+                mean=mean,
+                std=std,
+                source=source,
+            )
+            text = json.dumps(manifest.model_dump(), indent=2) + "\n"
+            (staging / MANIFEST_NAME).write_text(text)
+            # mkdtemp creates 0700; give the published folder ordinary permissions.
+            staging.chmod(0o755)
+            replace_folder(staging, out_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return manifest

@@ -6,6 +6,7 @@ tasks running in Prefect's worker threads and training processes never attach to
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Param, Run, RunStatus, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from model.config import TrackingConfig, TrainConfig
@@ -31,6 +33,9 @@ UNSTABLE_TAG = "towerbench.unstable"  # why a completed run counts as unstable (
 SWEPT_TAG = "towerbench.swept"  # JSON list of the training fields a sweep varied besides its axes
 SWEEP_KEY_TAG = "towerbench.sweep_key"  # what a sweep trains, on which data: resume finds it
 PARENT_TAG = "mlflow.parentRunId"
+
+# SQLite stores this process found complete (a created schema never becomes incomplete again).
+_READY_STORES: set[str] = set()
 
 
 def resolve_tracking(tracking: TrackingConfig, base_dir: Path | None = None) -> TrackingConfig:
@@ -61,7 +66,25 @@ def resolve_tracking(tracking: TrackingConfig, base_dir: Path | None = None) -> 
     return tracking.model_copy(update={"tracking_uri": uri, "artifact_root": artifact_root})
 
 
+def ensure_store(tracking_uri: str) -> None:
+    """Let one process at a time create a new SQLite store's schema (a lock file beside it).
+
+    MLflow creates the tables and runs its migrations on first use; two processes doing that on
+    the same new file at once crash ("table ... already exists", alembic "expected to match one
+    row"). Tracking servers and other databases are left to MLflow.
+    """
+    if not tracking_uri.startswith("sqlite:///") or tracking_uri in _READY_STORES:
+        return
+    database = Path(tracking_uri.removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.with_name(database.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
+    _READY_STORES.add(tracking_uri)
+
+
 def client_for(tracking: TrackingConfig) -> MlflowClient:
+    ensure_store(tracking.tracking_uri or "")
     return MlflowClient(tracking_uri=tracking.tracking_uri)
 
 
@@ -75,7 +98,13 @@ def ensure_experiment(tracking: TrackingConfig, name: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
-    return client.create_experiment(name, artifact_location=tracking.artifact_root)
+    try:
+        return client.create_experiment(name, artifact_location=tracking.artifact_root)
+    except MlflowException:
+        experiment = client.get_experiment_by_name(name)  # a sweep started beside us made it
+        if experiment is None:
+            raise
+        return experiment.experiment_id
 
 
 def flat_params(values: dict[str, Any], prefix: str = "") -> dict[str, str]:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from model.config import TrackingConfig, TrainConfig
 from model.errors import TowerbenchError
+from tasks.preflight import bound_mlflow_http
 
 EVENT_PREFIX = "@@towerbench "
 PROGRESS_INTERVAL_SECONDS = 1.0
@@ -167,6 +168,7 @@ def _end_with_the_sweep(request: WorkerRequest) -> None:
 def main() -> int:
     request = WorkerRequest.model_validate_json(sys.stdin.read())
     _end_with_the_sweep(request)
+    bound_mlflow_http()  # also when started by a served deployment, not the CLI
     import mlflow
 
     mlflow.set_tracking_uri(request.tracking_uri)

@@ -34,6 +34,10 @@ def _prepare_prefect() -> None:
     os.environ.setdefault(
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_SECONDS
     )
+
+
+def _start_temporary_server() -> None:
+    """Prefect's temporary server, when no API URL is set, as a process of ours."""
     from flows.temporary_server import start_owned_temporary_server
 
     start_owned_temporary_server()
@@ -113,37 +117,44 @@ def _print_outcome(outcome: dict[str, Any], as_json: bool) -> int:
 
 def run_sweep_command(args: argparse.Namespace) -> int:
     _prepare_prefect()
-    from flows.sweep import sweep
+    from tasks.preflight import check_servers
 
     config = sweep_config_from_args(args)
     data = build_model(DataConfig, values_from_args(DataConfig, args))
     report = build_model(ReportConfig, values_from_args(ReportConfig, args))
-    outcome = sweep(
-        sweep=config,
-        tracking=_tracking(args, TrackingConfig()),
-        report=report,
-        data=data,
-        fresh=args.fresh,
-    )
+    tracking = _tracking(args, TrackingConfig())
+    check_servers(tracking.tracking_uri)  # before the slow imports and any training
+    _start_temporary_server()
+    from flows.sweep import sweep
+
+    outcome = sweep(sweep=config, tracking=tracking, report=report, data=data, fresh=args.fresh)
     return _print_outcome(outcome, args.json)
 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
     _prepare_prefect()
     from flows.params import load_params
-    from flows.pipeline import pipeline
+    from tasks.preflight import check_servers
 
     params = load_params(args.params)
     config = params.pipeline(args.params.resolve().parent)
     config = config.model_copy(update={"tracking": _tracking(args, config.tracking)})
+    check_servers(config.tracking.tracking_uri)
+    _start_temporary_server()
+    from flows.pipeline import pipeline
+
     return _print_outcome(pipeline(config=config, fresh=args.fresh), args.json)
 
 
 def run_report_command(args: argparse.Namespace) -> int:
-    from tasks.report import write_report
+    from tasks.preflight import check_servers
 
     report = build_model(ReportConfig, values_from_args(ReportConfig, args))
-    print(write_report(_tracking(args, TrackingConfig()), args.sweep, report))
+    tracking = _tracking(args, TrackingConfig())
+    check_servers(tracking.tracking_uri, prefect=False)  # the report needs MLflow only
+    from tasks.report import write_report
+
+    print(write_report(tracking, args.sweep, report))
     return 0
 
 

@@ -3,7 +3,8 @@
     fetch(FetchConfig, data_dir)              -> DATA_DIR/raw/<name>/   (verified, + source.json)
     preprocess(name, PreprocessConfig, data_dir) -> DATA_DIR/tfrecords/<name>/ (+ manifest.json)
 
-Both publish atomically: a failed step leaves nothing a later step would pick up.
+Both publish atomically: a failed step leaves nothing a later step would pick up, and the
+previous version of its output, if any, as it was. A full disk is one line naming the folder.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from model.sources.cifar import CIFAR10, CIFAR100, CifarSource
 from model.sources.digits import DigitsSource
 from model.sources.imagefolder import ImageFolderSource
 from model.sources.layout import (
-    SOURCE_RECORD,
+    discard_staging,
     ensure_writable,
+    link_previous,
     raw_dir,
     read_source_record,
+    staging_dir,
     write_source_record,
 )
+from model.storage import replace_folder, space_errors
 from model.tfrecords import Manifest, dataset_dir, write_dataset
 
 SOURCES: dict[str, Source] = {
@@ -50,13 +54,23 @@ def dataset_name(config: FetchConfig) -> str:
 
 
 def fetch(config: FetchConfig, data_dir: Path) -> Path:
-    """Bring DATA_DIR/raw/<name>/ to what `config` describes; return that folder."""
+    """Bring DATA_DIR/raw/<name>/ to what `config` describes; return that folder.
+
+    The new version is assembled beside it and swapped in whole, so a failed fetch leaves the
+    previous one as it was (and no empty folder); only a resumable partial download stays.
+    """
     source = source_for(config.source)
-    folder = ensure_writable(raw_dir(data_dir, dataset_name(config)))
-    # Until the new record is written the folder counts as unfinished.
-    (folder / SOURCE_RECORD).unlink(missing_ok=True)
-    record = source.fetch(config, folder)
-    write_source_record(folder, record)
+    folder = raw_dir(data_dir, dataset_name(config))
+    staging = ensure_writable(staging_dir(folder))
+    try:
+        with space_errors(folder, what="the fetched dataset"):
+            link_previous(folder, staging)
+            record = source.fetch(config, staging)
+            write_source_record(staging, record)
+            replace_folder(staging, folder)
+    except BaseException:
+        discard_staging(staging)
+        raise
     return folder
 
 

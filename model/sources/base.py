@@ -24,7 +24,8 @@ class Source(Protocol):
     """fetch: put verified raw data into a folder; load: decode it into arrays."""
 
     def fetch(self, config: FetchConfig, folder: Path) -> dict[str, Any]:
-        """Fill `folder` (it exists and may hold a partial download); return the source record."""
+        """Fill `folder` (it exists, and may hold a partial download or, hard-linked, the files
+        of the version being replaced); return the source record."""
         ...
 
     def load(self, folder: Path, record: dict[str, Any], config: PreprocessConfig) -> LoadedDataset:

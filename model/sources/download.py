@@ -3,7 +3,9 @@
 HTTP downloads stream into `<dest>.part` with a progress bar on stderr. A dropped connection or
 a server error is retried with exponential backoff, and every retry (or the next `fetch`)
 resumes from the bytes already on disk with an HTTP Range request. The md5 is checked before
-`<dest>` appears; a mismatching file is deleted so it is never resumed or used.
+`<dest>` appears; a mismatching file is deleted so it is never resumed or used. Only a dropped
+connection (or an interrupt) keeps `<dest>.part`, for the next fetch to resume; any other
+failure, a full disk included, deletes it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import httpx
 from tqdm import tqdm
 
 from model.errors import TowerbenchError
+from model.storage import space_errors
 
 _CHUNK = 1 << 20
 _TIMEOUT_SECONDS = 30.0
@@ -28,6 +31,10 @@ _TIMEOUT_SECONDS = 30.0
 
 class _RetryableError(Exception):
     """A failure worth another attempt (connection trouble, 5xx)."""
+
+
+class DownloadInterrupted(TowerbenchError):
+    """The connection kept failing; the partial file stays for the next fetch to resume."""
 
 
 def file_md5(path: Path) -> str:
@@ -72,6 +79,7 @@ def _stream_once(url: str, part: Path) -> None:
             length = response.headers.get("Content-Length")
             total = offset + int(length) if length is not None else None
             with (
+                space_errors(part, total, "the download"),
                 open(part, "ab" if offset else "wb") as out,
                 tqdm(
                     total=total,
@@ -99,7 +107,7 @@ def _download(url: str, part: Path, retries: int, backoff_seconds: float) -> Non
         except _RetryableError as error:
             if attempt == retries:
                 have = part.stat().st_size if part.exists() else 0
-                raise TowerbenchError(
+                raise DownloadInterrupted(
                     f"{url}: download failed after {attempt + 1} attempt(s) ({error}); "
                     f"{have} bytes kept in {part}, run fetch again to resume"
                 ) from None
@@ -118,12 +126,21 @@ def fetch_file(
     accepts it; return its md5. A rejected file is deleted."""
     part = dest.with_name(dest.name + ".part")
     source = local_path(url)
-    if source is not None:
-        if not source.is_file():
-            raise TowerbenchError(f"--url {url}: no such file")
-        shutil.copyfile(source, part)
-    else:
-        _download(url, part, retries, backoff_seconds)
+    try:
+        if source is not None:
+            if not source.is_file():
+                raise TowerbenchError(f"--url {url}: no such file")
+            with space_errors(part, source.stat().st_size, "the copy"):
+                shutil.copyfile(source, part)
+        else:
+            _download(url, part, retries, backoff_seconds)
+    except (DownloadInterrupted, KeyboardInterrupt):
+        if source is not None:  # a copy has nothing to resume
+            part.unlink(missing_ok=True)
+        raise
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
     actual = file_md5(part)
     if md5 is not None and actual != md5.lower():
         part.unlink()

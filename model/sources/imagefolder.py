@@ -24,6 +24,7 @@ from model.errors import TowerbenchError
 from model.sources.archives import check_zip
 from model.sources.base import LoadedDataset
 from model.sources.download import fetch_file, local_path
+from model.storage import is_no_space, no_space_error
 
 _COPIED_FOLDER = "images"
 _FORMATS = ("JPEG", "PNG")
@@ -165,6 +166,22 @@ def _decode(
     return images, labels
 
 
+def _copy_folder(source: Path, destination: Path) -> None:
+    """Copy the tree at `source` to `destination`; a full disk stops it at the first file."""
+    needed = sum(path.stat().st_size for path in source.rglob("*") if path.is_file())
+
+    def copy_file(from_path: str, to_path: str) -> None:
+        # copytree would collect the error as text and carry on with the next file.
+        try:
+            shutil.copy2(from_path, to_path)
+        except OSError as error:
+            if is_no_space(error):
+                raise no_space_error(destination, needed, "the copied images") from None
+            raise
+
+    shutil.copytree(source, destination, copy_function=copy_file)
+
+
 class ImageFolderSource:
     """Copies the folder (or zip) into the raw folder after checking its layout."""
 
@@ -177,12 +194,7 @@ class ImageFolderSource:
             if config.md5 is not None:
                 raise TowerbenchError(f"--md5: {source} is a folder; md5 applies to a zip")
             index_images(_Tree(source), config.classes)
-            copied = folder / _COPIED_FOLDER
-            staging = folder / f".{_COPIED_FOLDER}.tmp"
-            shutil.rmtree(staging, ignore_errors=True)
-            shutil.copytree(source, staging)
-            shutil.rmtree(copied, ignore_errors=True)
-            staging.rename(copied)
+            _copy_folder(source, folder / _COPIED_FOLDER)
             record["path"] = _COPIED_FOLDER
         else:
             zip_name = PurePosixPath(source.name if source else config.url).name

@@ -2,24 +2,66 @@
 
 DATA_DIR/raw/<name>/ holds what `fetch` produced (an archive, a copied folder or arrays) plus
 `source.json`, written last: a raw folder without it is unfinished and never preprocessed.
+A fetch assembles the new version in the hidden sibling DATA_DIR/raw/.<name>.fetching/ and
+swaps it in when complete; between fetches that folder only ever holds a partial download
+(`*.part`) kept for the next fetch to resume.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from model.errors import TowerbenchError
+from model.storage import space_errors
 
 SOURCE_RECORD = "source.json"
+PARTIAL_SUFFIX = ".part"
 
 
 def raw_dir(data_dir: Path, name: str) -> Path:
     """DATA_DIR/raw/<name>: the fetched, verified input of preprocessing."""
     return Path(data_dir) / "raw" / name
+
+
+def staging_dir(folder: Path) -> Path:
+    """Where the next version of raw folder `folder` is assembled."""
+    return folder.with_name(f".{folder.name}.fetching")
+
+
+def link_previous(folder: Path, staging: Path) -> None:
+    """Hard-link the files of the published `folder` into `staging`, so that a source finding
+    its archive already there (same md5) does not fetch it again. Linking costs no space; a
+    filesystem without hard links just means a fresh fetch."""
+    if not folder.is_dir():
+        return
+    for path in folder.iterdir():
+        target = staging / path.name
+        if path.is_file() and path.name != SOURCE_RECORD and not target.exists():
+            try:
+                os.link(path, target)
+            except OSError:
+                return
+
+
+def discard_staging(staging: Path) -> None:
+    """After a failed fetch: keep only partial downloads (for resuming), and no empty folder."""
+    if not staging.is_dir():
+        return
+    for path in staging.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        elif not path.name.endswith(PARTIAL_SUFFIX):
+            path.unlink(missing_ok=True)
+    for empty in (staging, staging.parent):  # DATA_DIR/raw/ too, if this fetch was its first
+        try:
+            empty.rmdir()
+        except OSError:
+            return
 
 
 def ensure_writable(folder: Path) -> Path:
@@ -37,15 +79,16 @@ def ensure_writable(folder: Path) -> Path:
 
 def write_atomically(path: Path, data: bytes) -> None:
     """Write `data` to a temporary sibling of `path`, then rename it into place."""
-    handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as temp_file:
-            temp_file.write(data)
-        os.chmod(temp_name, 0o644)
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
+    with space_errors(path, len(data)):
+        handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(handle, "wb") as temp_file:
+                temp_file.write(data)
+            os.chmod(temp_name, 0o644)
+            os.replace(temp_name, path)
+        except BaseException:
+            Path(temp_name).unlink(missing_ok=True)
+            raise
 
 
 def write_source_record(folder: Path, record: dict[str, Any]) -> None:

@@ -1,0 +1,82 @@
+"""Before any training: do the MLflow tracking server and the Prefect API answer?
+
+Hours into a sweep is the worst time to learn that a server is down, so the sweep, pipeline and
+report commands ask first, each server for at most `WAIT_SECONDS`. Any HTTP answer below 500
+counts: a 401 is a server asking for the credentials that MLflow or Prefect will send.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+
+from model.errors import TowerbenchError
+
+# MLflow retries a failed request 7 times with exponential backoff (about 4 minutes) and waits
+# up to 120 s for each answer, so a tracking server that dies mid-sweep would hang the sweep and
+# its training process for minutes before anything is said. These give up within about a
+# minute (3 tries of at most 20 s, 0-2 s apart); a value the user set wins.
+MLFLOW_HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+}
+WAIT_SECONDS = 3.0  # per server, all tries included: two dead servers are told within 15 s
+TRY_SECONDS = 2.0  # one request, connecting included
+PAUSE_SECONDS = 0.5
+
+
+def bound_mlflow_http() -> None:
+    """Bound MLflow's HTTP retries in this process and in every process it starts."""
+    for name, value in MLFLOW_HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
+def _why_not_answering(url: str) -> str | None:
+    """None once `url` answers (below HTTP 500) within WAIT_SECONDS, else the last failure."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:
+        timeout = max(min(TRY_SECONDS, deadline - time.monotonic()), 0.1)
+        try:
+            response = httpx.get(url, timeout=timeout)
+            if response.status_code < 500:
+                return None
+            problem = f"HTTP {response.status_code}"
+        except httpx.HTTPError as error:
+            problem = str(error) or type(error).__name__
+        if time.monotonic() + PAUSE_SECONDS >= deadline:
+            return problem
+        time.sleep(PAUSE_SECONDS)
+
+
+def _prefect_api_url() -> str | None:
+    """The Prefect API this process would use (environment or profile); None for a temporary
+    server of its own."""
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url
+
+
+def check_servers(tracking_uri: str | None, prefect: bool = True) -> None:
+    """One-line TowerbenchError naming the first server that does not answer: the MLflow
+    tracking server (when `tracking_uri` is http(s)), then the Prefect API (when `prefect` and
+    one is configured). Also bounds MLflow's HTTP retries for the rest of the command."""
+    bound_mlflow_http()
+    if tracking_uri and tracking_uri.startswith(("http://", "https://")):
+        problem = _why_not_answering(f"{tracking_uri.rstrip('/')}/health")
+        if problem is not None:
+            raise TowerbenchError(
+                f"tracking URI {tracking_uri}: the MLflow tracking server does not answer "
+                f"({problem}); start it, or track into a local sqlite:/// store"
+            )
+    api_url = _prefect_api_url() if prefect else None
+    if api_url:
+        problem = _why_not_answering(f"{api_url.rstrip('/')}/health")
+        if problem is not None:
+            raise TowerbenchError(
+                f"PREFECT_API_URL {api_url}: the Prefect API does not answer ({problem}); "
+                "start it (`prefect server start`), or unset PREFECT_API_URL to use a "
+                "temporary server"
+            )

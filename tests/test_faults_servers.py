@@ -1,0 +1,93 @@
+"""Servers down before training (issue 10): an unreachable MLflow tracking server or Prefect API
+is one line naming its URI, exit 2, within 15 s, before anything is trained; MLflow's own HTTP
+retries are bounded so that a server dying mid-sweep is not waited on for minutes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fixtures_data import http_server
+from mlflow.environment_variables import (
+    MLFLOW_HTTP_REQUEST_MAX_RETRIES,
+    MLFLOW_HTTP_REQUEST_TIMEOUT,
+)
+
+from model.errors import TowerbenchError
+from tasks.preflight import MLFLOW_HTTP_DEFAULTS, bound_mlflow_http, check_servers
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMIT_SECONDS = 15
+
+
+def _dead_url() -> str:
+    """An address on this machine where nothing listens."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def _sweep(tmp_path: Path, *options: str, **environment: str) -> tuple[int, list[str], float]:
+    """`towerbench sweep` of one tiny digits run, as a user starts it; (status, stderr, seconds)."""
+    argv = [sys.executable, "-m", "flows.cli", "sweep", "--dataset", "digits", "--towers", "1"]
+    argv += ["--seeds", "0", "--epochs", "1", "--data-dir", str(tmp_path / "data"), *options]
+    started = time.monotonic()
+    result = subprocess.run(
+        argv,
+        cwd=ROOT,
+        env={**os.environ, **environment},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return result.returncode, result.stderr.strip().splitlines(), time.monotonic() - started
+
+
+def test_dead_tracking_server_stops_the_sweep_in_one_line_within_15s(tmp_path):
+    dead = _dead_url()
+    status, errors, seconds = _sweep(tmp_path, "--tracking-uri", dead)
+    assert status == 2, errors
+    assert len(errors) == 1 and errors[0].startswith("towerbench sweep: error: "), errors
+    assert dead in errors[0] and "MLflow tracking server does not answer" in errors[0]
+    assert seconds < LIMIT_SECONDS
+    assert not (tmp_path / "data").exists()  # nothing was started
+
+
+def test_dead_prefect_api_stops_the_sweep_in_one_line_within_15s(tmp_path):
+    api = f"{_dead_url()}/api"
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    status, errors, seconds = _sweep(tmp_path, "--tracking-uri", store, PREFECT_API_URL=api)
+    assert status == 2, errors
+    assert len(errors) == 1 and errors[0].startswith("towerbench sweep: error: "), errors
+    assert api in errors[0] and "Prefect API does not answer" in errors[0]
+    assert seconds < LIMIT_SECONDS
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_servers_that_answer_pass_and_a_failing_one_is_named(monkeypatch):
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with http_server({"/health": b"OK", "/api/health": b"true"}) as (url, _):
+        monkeypatch.setenv("PREFECT_API_URL", f"{url}/api")
+        check_servers(url)  # both answer
+        check_servers(f"{url}/needs-login")  # a 404 is still a server answering
+    with pytest.raises(TowerbenchError, match="tracking URI http://127.0.0.1:.*does not answer"):
+        check_servers(_dead_url(), prefect=False)
+    check_servers("sqlite:///nowhere/mlflow.db", prefect=False)  # a local store: nothing to ask
+
+
+def test_mlflow_http_retries_are_bounded_unless_the_user_chose(monkeypatch):
+    for name in MLFLOW_HTTP_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "45")
+    bound_mlflow_http()
+    # Read back the way MLflow reads them, so a renamed variable would show here.
+    assert MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == int(
+        MLFLOW_HTTP_DEFAULTS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
+    )
+    assert MLFLOW_HTTP_REQUEST_TIMEOUT.get() == 45
