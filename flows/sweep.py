@@ -7,6 +7,7 @@ finished configurations are reused, an interrupted one continues from its checkp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mlflow.entities import RunStatus
+from mlflow.exceptions import MlflowException
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 
@@ -189,8 +191,15 @@ def sweep(
     except (KeyboardInterrupt, SystemExit):
         status = RunStatus.KILLED
         raise
+    except MlflowException as error:
+        cause = str(error).splitlines()[0][:300]
+        raise TowerbenchError(
+            f"MLflow at {tracking.tracking_uri} stopped answering ({cause}); the runs keep their "
+            "checkpoints: run the same command again once it is back to resume"
+        ) from None
     finally:
-        finish_sweep_run(tracking, parent_run_id, RunStatus.to_string(status))
+        with contextlib.suppress(MlflowException):  # the server may be what went away
+            finish_sweep_run(tracking, parent_run_id, RunStatus.to_string(status))
     logger.info("report: %s", report_path)
     return {
         "parent_run_id": parent_run_id,
