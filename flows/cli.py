@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import os
 import signal
@@ -31,6 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 RESUMABLE_COMMANDS = ("sweep", "pipeline")
+_FINAL_LINES: list[str] = []
+
+
+def _say_final_lines() -> None:
+    for line in _FINAL_LINES:
+        print(line, file=sys.stderr, flush=True)
+
+
+# Registered before anything else's exit handler, so it runs after them all.
+atexit.register(_say_final_lines)
 
 
 def _interrupt(*_: object) -> None:
@@ -51,12 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"towerbench {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        resume = (
-            "; run the same command again to resume"
-            if args.command in RESUMABLE_COMMANDS
-            else ""
-        )
-        print(f"towerbench {args.command}: interrupted{resume}", file=sys.stderr)
+        if args.command in RESUMABLE_COMMANDS:
+            # Said at exit, after Prefect's temporary server has logged its own shutdown.
+            _FINAL_LINES.append(
+                f"towerbench {args.command}: interrupted; run the same command again to resume"
+            )
+        else:
+            print(f"towerbench {args.command}: interrupted", file=sys.stderr)
         return 130
 
 
