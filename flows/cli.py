@@ -1,4 +1,8 @@
-"""The `towerbench` command: one subcommand per job, errors as one line and a non-zero exit."""
+"""The `towerbench` command: one subcommand per job, errors as one line and a non-zero exit.
+
+Building the parser imports only the typed config: TensorFlow, Prefect and MLflow are imported by
+a command after its options are validated, so `--help` and a bad option are answered at once.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,11 @@ import importlib
 import os
 import sys
 
+from flows.console import CommandResult, as_json, stdout_reserved
 from model.errors import TowerbenchError
 
-# Each module has `register(subparsers)`, adding its subcommands with a `handler(args) -> int`.
+# Each module has `register(subparsers)`, adding its subcommands with a handler that returns an
+# exit status, or a CommandResult when the command has `--json`.
 COMMAND_MODULES = (
     "flows.commands.data",
     "flows.commands.train",
@@ -29,6 +35,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run(args: argparse.Namespace) -> int:
+    if not getattr(args, "json", False):
+        outcome = args.handler(args)
+        return outcome.status if isinstance(outcome, CommandResult) else int(outcome or 0)
+    # Progress, logs and what started processes print go to stderr; the document alone to stdout.
+    with stdout_reserved() as stdout:
+        result = args.handler(args)
+    print(as_json(result.document), file=stdout, flush=True)
+    return result.status
+
+
 def main(argv: list[str] | None = None) -> int:
     # TensorFlow's C++ start-up chatter hides the output users came for.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -37,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
     args = build_parser().parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        return _run(args)
     except TowerbenchError as error:
         print(f"towerbench {args.command}: error: {error}", file=sys.stderr)
         return 2
