@@ -1,8 +1,9 @@
 """The one loader: params.yaml (or the typed defaults) with the command line's values on top.
 
 Every command builds its configuration through `load`; errors name the file and key, or the
-option as the user typed it. Where each config section sits in the tree is known here only
-(`SECTIONS`), so a later change to the shape of `Params` touches this module and no command.
+option as the user typed it. Commands give their options by config model (`Override`), and where
+each model sits in params.yaml is known here only (`SECTIONS`), so moving a section of `Params`
+changes this module, not the commands' options.
 """
 
 from __future__ import annotations

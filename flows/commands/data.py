@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import typing
 
 from pydantic import BaseModel
 
@@ -10,6 +11,9 @@ from flows.console import import_tensorflow
 from flows.options import add_model_options, add_params_option, overrides_from_args
 from flows.params import Override, load
 from model.config import DataConfig, FetchConfig, Params, PreprocessConfig
+from model.errors import TowerbenchError
+
+SOURCES = typing.get_args(FetchConfig.model_fields["source"].annotation)
 
 
 def _params(args: argparse.Namespace, section: type[BaseModel], extra: list[Override]) -> Params:
@@ -19,6 +23,9 @@ def _params(args: argparse.Namespace, section: type[BaseModel], extra: list[Over
 
 
 def _fetch(args: argparse.Namespace) -> int:
+    if args.dataset is not None and args.dataset not in SOURCES:
+        choices = ", ".join(SOURCES)
+        raise TowerbenchError(f"unknown dataset {args.dataset!r} (choose from {choices})")
     given = [Override(FetchConfig, "source", args.dataset, "DATASET")] if args.dataset else []
     params = _params(args, FetchConfig, given)
     import_tensorflow()
@@ -58,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "dataset",
         nargs="?",
         metavar="DATASET",
-        help="digits, cifar10, cifar100 or imagefolder (default: params file, else digits).",
+        help=f"{', '.join(SOURCES)} (default: params file, else digits).",
     )
     add_model_options(fetch, FetchConfig, skip=frozenset({"source"}))
     _add_common(fetch)
