@@ -1,4 +1,8 @@
-"""The `towerbench` command: one subcommand per job, errors as one line and a non-zero exit."""
+"""The `towerbench` command: one subcommand per job, errors as one line and a non-zero exit.
+
+Building the parser imports only the typed config: TensorFlow, Prefect and MLflow are imported by
+a command after its options are validated, so `--help` and a bad option are answered at once.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,11 @@ import os
 import signal
 import sys
 
+from flows.console import CommandResult, as_json, stdout_reserved
 from model.errors import TowerbenchError
 
-# Each module has `register(subparsers)`, adding its subcommands with a `handler(args) -> int`.
+# Each module has `register(subparsers)`, adding its subcommands with a handler that returns an
+# exit status, or a CommandResult when the command has `--json`.
 COMMAND_MODULES = (
     "flows.commands.data",
     "flows.commands.train",
@@ -48,6 +54,17 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
+def _run(args: argparse.Namespace) -> int:
+    if not getattr(args, "json", False):
+        outcome = args.handler(args)
+        return outcome.status if isinstance(outcome, CommandResult) else int(outcome or 0)
+    # Progress, logs and what started processes print go to stderr; the document alone to stdout.
+    with stdout_reserved() as stdout:
+        result = args.handler(args)
+    print(as_json(result.document), file=stdout, flush=True)
+    return result.status
+
+
 def main(argv: list[str] | None = None) -> int:
     # TensorFlow's C++ start-up chatter hides the output users came for.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -57,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # a clean stop, as for Ctrl-C
     try:
-        return int(args.handler(args) or 0)
+        return _run(args)
     except TowerbenchError as error:
         print(f"towerbench {args.command}: error: {error}", file=sys.stderr)
         return 2

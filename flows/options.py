@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from model.errors import TowerbenchError
+from flows.params import Override
 
 
 def option_name(field: str) -> str:
@@ -42,14 +43,16 @@ def add_model_options(
     model: type[BaseModel],
     skip: frozenset[str] = frozenset(),
     as_lists: frozenset[str] = frozenset(),
+    only: frozenset[str] | None = None,
 ) -> None:
     """Add one `--field-name` option per field of `model` (defaults and help from the model).
 
     Options left out of the command line are absent from the parsed namespace, so the model's
-    own defaults (or a params file) apply. Fields in `as_lists` accept comma-separated values.
+    own defaults (or a params file) apply. Fields in `as_lists` accept comma-separated values;
+    `only` keeps just the fields named.
     """
     for name, field in model.model_fields.items():
-        if name in skip:
+        if name in skip or (only is not None and name not in only):
             continue
         help_text = field.description or ""
         if not field.is_required():
@@ -96,23 +99,33 @@ def values_from_args(
     return values
 
 
-def describe_validation_error(error: ValidationError, prefix: str = "--") -> str:
-    """One line per problem, naming the option as the user typed it."""
-    problems = []
-    for item in error.errors():
-        location = [str(part) for part in item["loc"]]
-        name = (prefix + location[0].replace("_", "-")) if location else "input"
-        detail = ".".join(location[1:])
-        where = f"{name}[{detail}]" if detail else name
-        given = item.get("input")
-        shown = f" (got {given!r})" if given is not None and not isinstance(given, dict) else ""
-        problems.append(f"{where}: {item['msg']}{shown}")
-    return "; ".join(problems)
+def overrides_from_args(
+    model: type[BaseModel], args: argparse.Namespace, as_lists: frozenset[str] = frozenset()
+) -> list[Override]:
+    """The values given for `model`'s options, as overrides of its params.yaml section."""
+    return [
+        Override(model, name, value, option_name(name))
+        for name, value in values_from_args(model, args, as_lists).items()
+    ]
 
 
-def build_model(model: type[BaseModel], values: dict[str, Any], prefix: str = "--") -> Any:
-    """Validate `values` into `model`, turning pydantic's errors into a TowerbenchError."""
-    try:
-        return model.model_validate(values)
-    except ValidationError as error:
-        raise TowerbenchError(describe_validation_error(error, prefix)) from None
+def add_params_option(parser: argparse.ArgumentParser, default: Path | None = None) -> None:
+    """`--params FILE`: start from a params.yaml; the options given override its values."""
+    shown = f" (default: {default})" if default is not None else ""
+    parser.add_argument(
+        "--params",
+        type=Path,
+        default=default,
+        metavar="FILE",
+        help="Start from this params.yaml; options given here override its values, and paths "
+        f"in it are relative to its folder{shown}.",
+    )
+
+
+def add_json_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--json`: the result as one JSON document on stdout, everything else on stderr."""
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"Print {what} as one JSON document on stdout; progress and logs go to stderr.",
+    )

@@ -1,26 +1,67 @@
-"""params.yaml -> the typed `Params`, refusing unknown keys and wrong types with file and key."""
+"""The one loader: params.yaml (or the typed defaults) with the command line's values on top.
+
+Every command builds its configuration through `load`; errors name the file and key, or the
+option as the user typed it. Commands give their options by config model (`Override`), and where
+each model sits in params.yaml is known here only (`SECTIONS`), so moving a section of `Params`
+changes this module, not the commands' options.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from model.config import Params, apply_sweep_preset
-from model.errors import TowerbenchError
-from tasks.tracking import resolve_tracking
+from model.config import (
+    DataConfig,
+    FetchConfig,
+    Params,
+    PreprocessConfig,
+    ReportConfig,
+    SweepGrid,
+    TrackingConfig,
+    TrainConfig,
+    TrainGrid,
+    apply_sweep_preset,
+)
+from model.errors import Location, TowerbenchError, describe_validation_error, dotted
+
+Key = tuple[str, ...]
+
+# The key of params.yaml each config model is read from.
+SECTIONS: dict[type[BaseModel], Key] = {
+    FetchConfig: ("fetch",),
+    PreprocessConfig: ("preprocess",),
+    DataConfig: ("data",),
+    TrainConfig: ("train",),
+    SweepGrid: ("sweep",),
+    TrainGrid: ("sweep", "grid"),
+    TrackingConfig: ("tracking",),
+    ReportConfig: ("report",),
+}
+DATA_DIR: Key = ("data", "data_dir")
+REPORT_DIR: Key = ("report", "report_dir")
+TRACKING_URI: Key = ("tracking", "tracking_uri")
+ARTIFACT_ROOT: Key = ("tracking", "artifact_root")
+PRESET: Key = ("sweep", "preset")
 
 
-def _problems(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        given = item.get("input")
-        shown = f" (got {given!r})" if given is not None and not isinstance(given, dict) else ""
-        parts.append(f"{key}: {item['msg']}{shown}")
-    return "; ".join(parts)
+@dataclass(frozen=True)
+class Override:
+    """One value given on the command line for a field of a config section."""
+
+    section: type[BaseModel]
+    field: str
+    value: Any
+    option: str  # as typed (`--towers`, `DATASET`), to name it in error messages
+
+    @property
+    def key(self) -> Key:
+        return (*SECTIONS[self.section], self.field)
 
 
 def read_sections(path: Path) -> dict[str, Any]:
@@ -33,31 +74,90 @@ def read_sections(path: Path) -> dict[str, Any]:
         raise TowerbenchError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise TowerbenchError(f"{path}: expected sections (fetch:, train:, ...), got {raw!r}")
-    return raw
+    # A section with every key commented out is an empty section, not an error.
+    return {name: {} if values is None else values for name, values in raw.items()}
 
 
-def load_params(path: Path) -> Params:
-    """Read and validate a params file; paths in it are made absolute against its folder.
+def load(
+    params_path: Path | None,
+    overrides: Iterable[Override] = (),
+    *,
+    resolve_tracking: bool = True,
+) -> Params:
+    """The validated parameters: the file's (or the defaults), each override replacing its key.
 
-    A `sweep.preset` writes its experiment's settings over the file's `train:` and `sweep:`.
-    Absolute paths matter because a served deployment runs its flows from another directory.
+    A `sweep.preset` (from the file or an option) writes its experiment over the file's `train:`
+    and `sweep:` values; options given on the command line still win over it.
+
+    Relative paths from the file are taken against the file's folder, those from the command line
+    against the current directory: a served deployment runs in another directory and must find
+    the same data, reports and MLflow store. `resolve_tracking=False` leaves the tracking section
+    as written, for commands that never track (resolving it imports MLflow, which takes seconds).
     """
-    raw = apply_sweep_preset(read_sections(path))
+    overrides = list(overrides)
+    raw = read_sections(params_path) if params_path is not None else {}
+    for override in overrides:  # a preset named on the command line, before its values go in
+        if override.key == PRESET:
+            _section(raw, ("sweep",), params_path)["preset"] = override.value
+    raw = apply_sweep_preset(raw)  # over the file's values; the options go over it
+    given = {override.key for override in overrides}
+    if TRACKING_URI in given and ARTIFACT_ROOT not in given:
+        _section(raw, ("tracking",), params_path).pop("artifact_root", None)  # the old store's
+    for override in overrides:
+        _section(raw, override.key[:-1], params_path)[override.field] = override.value
     try:
         params = Params.model_validate(raw)
     except ValidationError as error:
-        raise TowerbenchError(f"{path}: {_problems(error)}") from None
-    return absolute_paths(params, path.resolve().parent)
+        name_of = _location_namer(params_path, {o.key: o.option for o in overrides})
+        raise TowerbenchError(describe_validation_error(error, name_of)) from None
+    file_dir = params_path.resolve().parent if params_path is not None else None
+    return _absolute_locations(params, file_dir, given, resolve_tracking)
 
 
-def absolute_paths(params: Params, base_dir: Path) -> Params:
-    """Data, report and tracking locations resolved against `base_dir`."""
-    return params.model_copy(
-        update={
-            "data": params.data.model_copy(update={"data_dir": base_dir / params.data.data_dir}),
-            "report": params.report.model_copy(
-                update={"report_dir": base_dir / params.report.report_dir}
-            ),
-            "tracking": resolve_tracking(params.tracking, base_dir),
-        }
-    )
+def _section(raw: dict[str, Any], key: Key, params_path: Path | None) -> dict[str, Any]:
+    """The mapping at `key` in the raw sections, created if absent."""
+    mapping = raw
+    for depth, part in enumerate(key):
+        mapping = mapping.setdefault(part, {})
+        if not isinstance(mapping, dict):
+            where = f"{params_path}: {dotted(key[: depth + 1])}"
+            raise TowerbenchError(f"{where}: expected a mapping of keys, got {mapping!r}")
+    return mapping
+
+
+def _location_namer(params_path: Path | None, options: dict[Key, str]):
+    """Names a location as the option that set it (`--epochs[1]`), else as the file's key."""
+
+    def name_of(location: Location) -> str:
+        for length in range(len(location), 0, -1):
+            option = options.get(tuple(str(part) for part in location[:length]))
+            if option is not None:
+                rest = location[length:]
+                return f"{option}[{dotted(rest)}]" if rest else option
+        return f"{params_path}: {dotted(location)}" if params_path else dotted(location)
+
+    return name_of
+
+
+def _absolute_locations(
+    params: Params, file_dir: Path | None, given: set[Key], resolve_tracking: bool
+) -> Params:
+    file_base = file_dir or Path.cwd()
+
+    def absolute(key: Key, path: Path) -> Path:
+        return (Path.cwd() if key in given else file_base) / path
+
+    updates: dict[str, Any] = {
+        "data": params.data.model_copy(
+            update={"data_dir": absolute(DATA_DIR, params.data.data_dir)}
+        ),
+        "report": params.report.model_copy(
+            update={"report_dir": absolute(REPORT_DIR, params.report.report_dir)}
+        ),
+    }
+    if resolve_tracking:
+        from tasks.tracking import resolve_tracking as resolve  # imports MLflow
+
+        base_dir = None if TRACKING_URI in given else file_dir
+        updates["tracking"] = resolve(params.tracking, base_dir)
+    return params.model_copy(update=updates)

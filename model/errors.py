@@ -1,4 +1,12 @@
-"""The one exception type towerbench shows to users."""
+"""The one exception type towerbench shows to users, and the one way validation errors read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pydantic import ValidationError
+
+Location = tuple[str | int, ...]
 
 
 class TowerbenchError(Exception):
@@ -7,3 +15,23 @@ class TowerbenchError(Exception):
     The message names the file or parameter and what is wrong with it; the CLI prints it
     without a traceback and exits non-zero.
     """
+
+
+def dotted(location: Location) -> str:
+    """`train.epochs`, `sweep.towers.1`: a location as a params-file key."""
+    return ".".join(str(part) for part in location) or "(top level)"
+
+
+def describe_validation_error(
+    error: ValidationError, name_of: Callable[[Location], str] = dotted
+) -> str:
+    """Every problem on one line, `<where>: <what> (got <value>)`.
+
+    `name_of` says where a location came from as the user wrote it: a file and key, or an option.
+    """
+    problems = []
+    for item in error.errors():
+        given = item.get("input")
+        shown = f" (got {given!r})" if given is not None and not isinstance(given, dict) else ""
+        problems.append(f"{name_of(tuple(item['loc']))}: {item['msg']}{shown}")
+    return "; ".join(problems)

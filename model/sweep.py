@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from model.config import SweepConfig, TrainConfig
-from model.errors import TowerbenchError
+from model.errors import TowerbenchError, describe_validation_error
 
 
 def canonical(config: TrainConfig) -> TrainConfig:
@@ -71,9 +71,7 @@ def expand(sweep: SweepConfig) -> list[TrainConfig]:
             budgeted = with_budget(resolved.model_dump(), sweep.budget)
             config = canonical(TrainConfig.model_validate(budgeted))
         except ValidationError as error:
-            problems = "; ".join(
-                f"{'.'.join(map(str, item['loc']))}: {item['msg']}" for item in error.errors()
-            )
+            problems = describe_validation_error(error)
             raise TowerbenchError(f"sweep: run {values} is invalid: {problems}") from None
         key = config.model_dump_json()
         if key not in seen:

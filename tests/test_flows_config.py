@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from flows.cli import build_parser
-from flows.commands.orchestrate import sweep_config_from_args
-from flows.params import load_params
+from flows.commands.orchestrate import sweep_run_from_args
+from flows.params import load
 from model.config import SweepConfig, TrackingConfig, TrainConfig
 from model.errors import TowerbenchError
 from model.sweep import expand, run_name
@@ -52,16 +52,16 @@ def test_params_file_unknown_key_and_wrong_type_name_file_and_key(tmp_path) -> N
     path = tmp_path / "params.yaml"
     path.write_text("sweep:\n  towers: [1, 2]\n  tower: [4]\n")
     with pytest.raises(TowerbenchError, match=r"params.yaml: sweep.tower: Extra inputs"):
-        load_params(path)
+        load(path)
     path.write_text("train:\n  epochs: many\n")
     with pytest.raises(TowerbenchError, match=r"params.yaml: train.epochs: .*'many'"):
-        load_params(path)
+        load(path)
     with pytest.raises(TowerbenchError, match="no such file"):
-        load_params(tmp_path / "absent.yaml")
+        load(tmp_path / "absent.yaml")
 
 
 def test_project_params_build_the_default_pipeline_with_absolute_locations() -> None:
-    params = load_params(ROOT / "params.yaml")
+    params = load(ROOT / "params.yaml")
     pipeline = params.pipeline(ROOT)
     runs = expand(pipeline.sweep)
     assert sorted((run.towers, run.seed) for run in runs) == [
@@ -105,13 +105,13 @@ def test_sweep_options_split_into_base_axes_and_grid() -> None:
             "none",
         ]
     )
-    sweep = sweep_config_from_args(args)
+    sweep = sweep_run_from_args(args).sweep
     assert sweep.towers == [1, 2, 4] and sweep.seeds == [0, 1]
     assert sweep.grid.epochs == [2.0, 4.0]
     assert sweep.base.base_lr == 0.2 and sweep.base.crop_size is None
     bad = build_parser().parse_args(["sweep", "--towers", "1,zero"])
     with pytest.raises(TowerbenchError, match="--towers"):
-        sweep_config_from_args(bad)
+        sweep_run_from_args(bad)
 
 
 @pytest.mark.parametrize("command", ["pipeline", "sweep", "report", "serve", "ui"])
@@ -130,7 +130,7 @@ def test_a_sweep_preset_is_the_experiment_and_options_still_win(tmp_path: Path) 
         .replace("  per_tower_batch: 32\n", "  preset: cure-updates\n")
     )
     (tmp_path / "params.yaml").write_text(text)
-    params = load_params(tmp_path / "params.yaml")
+    params = load(tmp_path / "params.yaml")
     runs = expand(params.pipeline(tmp_path).sweep)
     assert {run.dataset for run in runs} == {"digits"}
     assert {(run.towers, run.epochs, run.lr_scaling) for run in runs} == {
@@ -144,9 +144,9 @@ def test_a_sweep_preset_is_the_experiment_and_options_still_win(tmp_path: Path) 
     args = build_parser().parse_args(
         ["sweep", "--params", str(tmp_path / "params.yaml"), "--epochs", "2"]
     )
-    assert {run.epochs for run in expand(sweep_config_from_args(args))} == {2, 8}
+    assert {run.epochs for run in expand(sweep_run_from_args(args).sweep)} == {2, 8}
     args = build_parser().parse_args(["sweep", "--preset", "cure-bn", "--seeds", "0"])
-    bn_runs = expand(sweep_config_from_args(args))
+    bn_runs = expand(sweep_run_from_args(args).sweep)
     assert [(run.model, run.optimizer, run.decay, run.towers) for run in bn_runs] == [
         ("tutorial_bn", "nesterov", "linear", 1),
         ("tutorial_bn", "nesterov", "linear", 4),

@@ -40,14 +40,14 @@ def test_cli_training_learns_digits_well_above_chance(data_dir, capsys):
             "--json",
         ]
     )
-    output = capsys.readouterr().out
-    summary = _last_json_line(output)
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)  # --json: the document alone on stdout
     assert code == 0 and summary["status"] == "completed"
     assert summary["test_accuracy"] > 0.5  # chance is 0.1
     assert summary["device_kind"] == "logical CPU" and len(summary["device_names"]) == 2
     assert summary["global_batch"] == 32 and summary["effective_lr"] == pytest.approx(0.05)
     assert summary["config"]["crop_size"] is None  # the digits preset, shown resolved
-    assert "presets for tutorial/digits" in output and "epoch   4.00" in output
+    assert "presets for tutorial/digits" in captured.err and "epoch   4.00" in captured.err
     for key in ("ema_test_accuracy", "images_per_sec", "noise_scale"):
         assert key in summary
 

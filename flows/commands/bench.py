@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from flows.console import CommandResult, import_tensorflow
+from flows.options import add_json_option, add_params_option
+from flows.params import load
+from model.config import TrainConfig
 
 DEFAULT_REPORT = Path("docs/benchmarks.md")
 
@@ -19,16 +23,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bench",
         help="Measure training speed, tower overhead and overheads against their targets.",
         description="Runs every benchmark of issue 5 in one process (~10 minutes on 2 cores; "
-        "--quick: under 3) on the towers' devices: physical GPUs, else logical CPU devices.",
+        "--quick: under 3) on the towers' devices: physical GPUs, else logical CPU devices. "
+        "The training settings benchmarked (aggregation, optimizer, schedule, distortions, XLA) "
+        "are --params' train: section, else the defaults; the network is fixed.",
     )
     parser.add_argument(
         "--quick",
         action="store_true",
         help="Fewer steps and images (same keys); no report unless --report.",
     )
-    parser.add_argument(
-        "--json", action="store_true", help="Print the JSON summary as the last line."
-    )
+    add_params_option(parser)
+    add_json_option(parser, "the summary")
     parser.add_argument(
         "--report",
         type=Path,
@@ -43,11 +48,13 @@ def _say(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def run_all(settings, work_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Every measurement, in one process; returns (JSON summary, raw results)."""
+def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every measurement of `config`'s training settings (aggregation, optimizer, schedule,
+    distortions, XLA) on the fixed network, in one process; returns (JSON summary, raw results)."""
     from flows.bench_overhead import isolate_orchestration_state
 
     isolate_orchestration_state(work_dir)  # before Prefect or MLflow is imported
+    import_tensorflow()
     # Devices before anything touches TensorFlow's runtime: one logical device per tower.
     from model.devices import configure_tower_devices
 
@@ -65,10 +72,8 @@ def run_all(settings, work_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         measure_steps,
     )
     from model.bench.summary import summarize
-    from model.config import TrainConfig
 
     machine = describe_machine(devices)
-    config = TrainConfig()
     _say(f"{settings.mode} run on {machine['tower_devices']} devices ({machine['cpu']})")
     results: dict[str, Any] = {"flops_per_example": count_flops(config)}
     _say("training steps (towerbench, Keras + MirroredStrategy) and matmul roofline")
@@ -82,7 +87,8 @@ def run_all(settings, work_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return summarize(results, results["orchestration"], machine, settings), results
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def run_bench(args: argparse.Namespace) -> CommandResult:
+    config = load(args.params, resolve_tracking=False).train
     from flows.bench_report import render_markdown, write_markdown
     from model.bench.settings import BenchSettings
     from model.bench.summary import target_rows
@@ -91,7 +97,7 @@ def run_bench(args: argparse.Namespace) -> int:
     report = args.report or (None if args.quick else DEFAULT_REPORT)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="towerbench-bench-") as work:
-        summary, results = run_all(settings, Path(work))
+        summary, results = run_all(settings, config, Path(work))
     seconds = time.perf_counter() - started
     for row in target_rows(summary, settings):
         verdict = {True: "met", False: "MISSED", None: ""}[row.met]
@@ -100,6 +106,4 @@ def run_bench(args: argparse.Namespace) -> int:
         write_markdown(report, render_markdown(summary, results, settings, seconds))
         print(f"report: {report}")
     print(f"bench: {seconds / 60:.1f} minutes")
-    if args.json:
-        print(json.dumps(summary))
-    return 0
+    return CommandResult(0, summary)

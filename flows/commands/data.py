@@ -3,67 +3,54 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-from typing import Any
+import typing
 
-from flows.options import add_model_options, build_model, values_from_args
-from flows.params import read_sections
-from model.config import DataConfig, FetchConfig, PreprocessConfig
+from pydantic import BaseModel
+
+from flows.console import import_tensorflow
+from flows.options import add_model_options, add_params_option, overrides_from_args
+from flows.params import Override, load
+from model.config import DataConfig, FetchConfig, Params, PreprocessConfig
 from model.errors import TowerbenchError
 
-
-def _sections(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """The sections of --params, read once (none when it is not given)."""
-    sections = read_sections(args.params) if args.params is not None else {}
-    for name, values in sections.items():
-        if values is not None and not isinstance(values, dict):
-            raise TowerbenchError(f"{args.params}: section {name!r} must be a mapping")
-    return {name: values or {} for name, values in sections.items()}
+SOURCES = typing.get_args(FetchConfig.model_fields["source"].annotation)
 
 
-def _config(
-    model: type, sections: dict[str, dict[str, Any]], section: str, args: argparse.Namespace
-) -> Any:
-    """`model` from its params section, with the options given on the command line winning."""
-    return build_model(model, {**sections.get(section, {}), **values_from_args(model, args)})
+def _params(args: argparse.Namespace, section: type[BaseModel], extra: list[Override]) -> Params:
+    """--params with this command's options on top; these commands never track."""
+    overrides = overrides_from_args(section, args) + overrides_from_args(DataConfig, args) + extra
+    return load(args.params, overrides, resolve_tracking=False)
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from model.sources import dataset_name, fetch, source_for
+    if args.dataset is not None and args.dataset not in SOURCES:
+        choices = ", ".join(SOURCES)
+        raise TowerbenchError(f"unknown dataset {args.dataset!r} (choose from {choices})")
+    given = [Override(FetchConfig, "source", args.dataset, "DATASET")] if args.dataset else []
+    params = _params(args, FetchConfig, given)
+    import_tensorflow()
+    from model.sources import dataset_name, fetch
 
-    sections = _sections(args)
-    if args.dataset is not None:
-        source_for(args.dataset)  # An unknown name is refused here, naming the choices.
-        sections["fetch"] = {**sections.get("fetch", {}), "source": args.dataset}
-    config = _config(FetchConfig, sections, "fetch", args)
-    data = _config(DataConfig, sections, "data", args)
-    folder = fetch(config, data.data_dir)
-    print(f"fetched {config.source} as {dataset_name(config)!r} into {folder}")
+    folder = fetch(params.fetch, params.data.data_dir)
+    print(f"fetched {params.fetch.source} as {dataset_name(params.fetch)!r} into {folder}")
     return 0
 
 
 def _preprocess(args: argparse.Namespace) -> int:
+    params = _params(args, PreprocessConfig, [])
+    import_tensorflow()
     from model.sources import dataset_name, preprocess
     from model.tfrecords import dataset_dir
 
-    sections = _sections(args)
-    config = _config(PreprocessConfig, sections, "preprocess", args)
-    data = _config(DataConfig, sections, "data", args)
-    name = args.dataset or dataset_name(build_model(FetchConfig, sections.get("fetch", {})))
-    manifest = preprocess(name, config, data.data_dir)
+    name = args.dataset or dataset_name(params.fetch)
+    manifest = preprocess(name, params.preprocess, params.data.data_dir)
     counts = ", ".join(f"{split} {info.examples}" for split, info in manifest.splits.items())
-    print(f"preprocessed {name!r} ({counts}) into {dataset_dir(data.data_dir, name)}")
+    print(f"preprocessed {name!r} ({counts}) into {dataset_dir(params.data.data_dir, name)}")
     return 0
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--params",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="Read defaults from this params.yaml (options given here win).",
-    )
+    add_params_option(parser)
     add_model_options(parser, DataConfig)
 
 
@@ -78,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "dataset",
         nargs="?",
         metavar="DATASET",
-        help="digits, cifar10, cifar100 or imagefolder (default: params file, else digits).",
+        help=f"{', '.join(SOURCES)} (default: params file, else digits).",
     )
     add_model_options(fetch, FetchConfig, skip=frozenset({"source"}))
     _add_common(fetch)

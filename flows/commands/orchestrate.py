@@ -3,24 +3,33 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import typing
 from pathlib import Path
 from typing import Any
 
-from flows.options import add_model_options, build_model, values_from_args
+from flows.console import CommandResult, import_tensorflow
+from flows.options import (
+    add_json_option,
+    add_model_options,
+    add_params_option,
+    option_name,
+    overrides_from_args,
+    values_from_args,
+)
+from flows.params import Override, load
 from model.config import (
     SWEEP_AXES,
     DataConfig,
     Params,
+    PipelineConfig,
     ReportConfig,
-    SweepConfig,
     SweepGrid,
     TrackingConfig,
     TrainConfig,
-    apply_sweep_preset,
+    TrainGrid,
 )
+from model.sweep import expand
 
 # Prefect starts a temporary API server when none is configured; its default 20 s start-up
 # budget is too short on a busy 2-core machine.
@@ -30,160 +39,138 @@ TRAIN_LIST_FIELDS = frozenset(name for name in TrainConfig.model_fields if name 
 DEFAULT_PARAMS = Path("params.yaml")
 
 
-def _prepare_prefect() -> None:
+def _prepare_prefect(tracking_uri: str | None) -> None:
+    """Servers checked (one line and exit 2 if one is down), then TensorFlow and Prefect's
+    temporary server started as ours (when no API URL is set)."""
+    from tasks.preflight import check_servers
+
+    check_servers(tracking_uri)  # before the slow imports and any training
     os.environ.setdefault(
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_SECONDS
     )
-
-
-def _start_temporary_server() -> None:
-    """Prefect's temporary server, when no API URL is set, as a process of ours."""
+    import_tensorflow()
     from flows.temporary_server import start_owned_temporary_server
 
     start_owned_temporary_server()
 
 
-def _tracking(args: argparse.Namespace, base: TrackingConfig) -> TrackingConfig:
-    from tasks.tracking import resolve_tracking
-
-    overrides = values_from_args(TrackingConfig, args)
-    values = {**base.model_dump(exclude_unset=True), **overrides}
-    if "tracking_uri" in overrides and "artifact_root" not in overrides:
-        values.pop("artifact_root", None)  # it belonged to the replaced store
-    return resolve_tracking(build_model(TrackingConfig, values))
-
-
-def _split_training_values(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Training options with one value go to the shared base, with several to the sweep grid."""
-    raw = values_from_args(TrainConfig, args, as_lists=TRAIN_LIST_FIELDS)
-    base, grid = {}, {}
-    for name, values in raw.items():
+def _training_overrides(args: argparse.Namespace) -> list[Override]:
+    """Training options with one value set `train:`, with several the sweep's grid."""
+    overrides = []
+    for name, values in values_from_args(TrainConfig, args, as_lists=TRAIN_LIST_FIELDS).items():
         if name in SWEEP_AXES:  # given through the sweep's own list options
             continue
-        annotation = TrainConfig.model_fields[name].annotation
+        is_list = typing.get_origin(TrainConfig.model_fields[name].annotation) is list
         values = [None if str(value).lower() == "none" else value for value in values]
-        if typing.get_origin(annotation) is list or len(values) == 1:
-            base[name] = values if typing.get_origin(annotation) is list else values[0]
+        if is_list or len(values) == 1:
+            overrides.append(
+                Override(TrainConfig, name, values if is_list else values[0], option_name(name))
+            )
         else:
-            grid[name] = values
-    return base, grid
+            overrides.append(Override(TrainGrid, name, values, option_name(name)))
+    return overrides
 
 
-def sweep_config_from_args(args: argparse.Namespace) -> SweepConfig:
-    """The sweep the options describe, on top of `--params` (if given)."""
-    base_values: dict[str, Any] = {}
-    axes: dict[str, Any] = {}
-    if args.params is not None:
-        from flows.params import load_params
-
-        params = load_params(args.params)
-        base_values = params.train.model_dump(exclude_unset=True)
-        axes = params.sweep.model_dump(exclude_unset=True)
-    axis_values = values_from_args(SweepGrid, args)
-    if "preset" in axis_values:  # the experiment's settings, under the other options given
-        sections = apply_sweep_preset(
-            {"train": base_values, "sweep": {**axes, "preset": axis_values["preset"]}}
-        )
-        base_values, axes = sections["train"], sections["sweep"]
-    train_values, grid_values = _split_training_values(args)
-    base = build_model(TrainConfig, {**base_values, **train_values})
-    axes.update(axis_values)
-    axes["grid"] = {**axes.get("grid", {}), **grid_values}
-    return build_model(SweepConfig, {**axes, "base": base.model_dump()})
+def _checked(params: Params, project_dir: Path) -> PipelineConfig:
+    """The run these parameters describe; an invalid combination of the sweep's lists is refused
+    here, before Prefect and TensorFlow are loaded."""
+    config = params.pipeline(project_dir)
+    expand(config.sweep)
+    return config
 
 
-def _print_outcome(outcome: dict[str, Any], as_json: bool) -> int:
+def sweep_run_from_args(args: argparse.Namespace) -> PipelineConfig:
+    """What `towerbench sweep` runs: `--params` (if given) with the options on top."""
+    overrides = [
+        *overrides_from_args(SweepGrid, args),
+        *_training_overrides(args),
+        *overrides_from_args(DataConfig, args),
+        *overrides_from_args(ReportConfig, args),
+        *overrides_from_args(TrackingConfig, args),
+    ]
+    project_dir = args.params.resolve().parent if args.params is not None else Path.cwd()
+    return _checked(load(args.params, overrides), project_dir)
+
+
+def _result(outcome: dict[str, Any]) -> CommandResult:
     for config in outcome["configs"]:
         accuracy = config.get("test_accuracy")
         shown = f"{accuracy:.4f}" if isinstance(accuracy, float) else "—"
         error = f"  ({config['error']})" if config.get("error") else ""
         print(f"{config['name']:<48} {config['status']:<9} test accuracy {shown}{error}")
     print(f"MLflow parent run: {outcome['parent_run_id']}")
-    if as_json:
-        summary = {
-            "parent_run_id": outcome["parent_run_id"],
-            "configs": [
-                {key: config.get(key) for key in ("run_id", "towers", "seed", "status")}
-                | {"test_accuracy": config.get("test_accuracy")}
-                for config in outcome["configs"]
-            ],
-            "report": outcome["report"],
-        }
-        print(json.dumps(summary))
-    else:
-        print(f"Report: {outcome['report']}")
-    return 0 if any(config["status"] != "failed" for config in outcome["configs"]) else 1
+    print(f"Report: {outcome['report']}")
+    document = {
+        "parent_run_id": outcome["parent_run_id"],
+        "configs": [
+            {key: config.get(key) for key in ("run_id", "towers", "seed", "status")}
+            | {"test_accuracy": config.get("test_accuracy")}
+            for config in outcome["configs"]
+        ],
+        "report": outcome["report"],
+    }
+    status = 0 if any(config["status"] != "failed" for config in outcome["configs"]) else 1
+    return CommandResult(status, document)
 
 
-def run_sweep_command(args: argparse.Namespace) -> int:
-    _prepare_prefect()
-    from tasks.preflight import check_servers
-
-    config = sweep_config_from_args(args)
-    data = build_model(DataConfig, values_from_args(DataConfig, args))
-    report = build_model(ReportConfig, values_from_args(ReportConfig, args))
-    tracking = _tracking(args, TrackingConfig())
-    check_servers(tracking.tracking_uri)  # before the slow imports and any training
-    _start_temporary_server()
+def run_sweep_command(args: argparse.Namespace) -> CommandResult:
+    config = sweep_run_from_args(args)
+    _prepare_prefect(config.tracking.tracking_uri)
     from flows.sweep import sweep
 
-    outcome = sweep(sweep=config, tracking=tracking, report=report, data=data, fresh=args.fresh)
-    return _print_outcome(outcome, args.json)
+    outcome = sweep(
+        sweep=config.sweep,
+        tracking=config.tracking,
+        report=config.report,
+        data=config.data,
+        fresh=args.fresh,
+    )
+    return _result(outcome)
 
 
-def run_pipeline_command(args: argparse.Namespace) -> int:
-    _prepare_prefect()
-    from flows.params import load_params
-    from tasks.preflight import check_servers
-
-    params = load_params(args.params)
-    config = params.pipeline(args.params.resolve().parent)
-    config = config.model_copy(update={"tracking": _tracking(args, config.tracking)})
-    check_servers(config.tracking.tracking_uri)
-    _start_temporary_server()
+def run_pipeline_command(args: argparse.Namespace) -> CommandResult:
+    params = load(args.params, overrides_from_args(TrackingConfig, args))
+    config = _checked(params, args.params.resolve().parent)
+    _prepare_prefect(config.tracking.tracking_uri)
     from flows.pipeline import pipeline
 
-    return _print_outcome(pipeline(config=config, fresh=args.fresh), args.json)
+    return _result(pipeline(config=config, fresh=args.fresh))
+
+
+def _params_with_options(args: argparse.Namespace) -> Params:
+    """The params file with the report and tracking options given applied."""
+    overrides = overrides_from_args(ReportConfig, args) + overrides_from_args(TrackingConfig, args)
+    return load(args.params, overrides)
 
 
 def run_report_command(args: argparse.Namespace) -> int:
+    params = _params_with_options(args)
     from tasks.preflight import check_servers
 
-    report = build_model(ReportConfig, values_from_args(ReportConfig, args))
-    tracking = _tracking(args, TrackingConfig())
-    check_servers(tracking.tracking_uri, prefect=False)  # the report needs MLflow only
+    check_servers(params.tracking.tracking_uri, prefect=False)
     from tasks.report import write_report
 
-    print(write_report(tracking, args.sweep, report))
+    print(write_report(params.tracking, args.sweep, params.report))
     return 0
 
 
-def _params_with_tracking(args: argparse.Namespace) -> Params:
-    """params.yaml with the tracking options of the command line applied."""
-    from flows.params import load_params
-
-    params = load_params(args.params)
-    return params.model_copy(update={"tracking": _tracking(args, params.tracking)})
-
-
 def run_serve_command(args: argparse.Namespace) -> int:
+    params = _params_with_options(args)
     from flows.deployments import serve
 
-    serve(_params_with_tracking(args), args.params.resolve().parent)
+    serve(params, args.params.resolve().parent)
     return 0
 
 
 def run_ui_command(args: argparse.Namespace) -> int:
+    params = _params_with_options(args)
     from flows.deployments import run_ui
 
-    run_ui(_params_with_tracking(args), args.params)
+    run_ui(params, args.params)
     return 0
 
 
-def _add_json(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--json", action="store_true", help="End with one JSON line summarising the sweep."
-    )
+def _add_fresh_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fresh",
         action="store_true",
@@ -196,9 +183,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pipeline = subparsers.add_parser(
         "pipeline", help="fetch -> preprocess (DVC) -> sweep -> report, as set in params.yaml."
     )
-    pipeline.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="Params file.")
+    add_params_option(pipeline, DEFAULT_PARAMS)
     add_model_options(pipeline, TrackingConfig)
-    _add_json(pipeline)
+    add_json_option(pipeline, "the sweep's runs and report")
+    _add_fresh_option(pipeline)
     pipeline.set_defaults(handler=run_pipeline_command)
 
     sweep = subparsers.add_parser(
@@ -206,21 +194,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Train every combination of the given lists (comma-separated), then report.",
         description="Options accept comma-separated lists; each combination is one run.",
     )
-    sweep.add_argument(
-        "--params", type=Path, default=None, help="Start from this file's train: and sweep:."
-    )
+    add_params_option(sweep)
     add_model_options(sweep, SweepGrid, skip=frozenset({"grid"}))
     add_model_options(sweep, TrainConfig, skip=frozenset(SWEEP_AXES), as_lists=TRAIN_LIST_FIELDS)
     add_model_options(sweep, DataConfig)
     add_model_options(sweep, ReportConfig)
     add_model_options(sweep, TrackingConfig)
-    _add_json(sweep)
+    add_json_option(sweep, "the sweep's runs and report")
+    _add_fresh_option(sweep)
     sweep.set_defaults(handler=run_sweep_command)
 
     report = subparsers.add_parser("report", help="Write the comparison report of a sweep.")
     report.add_argument(
         "--sweep", required=True, metavar="PARENT_RUN_ID", help="The sweep's MLflow parent run."
     )
+    add_params_option(report)
     add_model_options(report, ReportConfig)
     add_model_options(report, TrackingConfig)
     report.set_defaults(handler=run_report_command)
@@ -229,13 +217,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="Serve the pipeline (on demand) and benchmark (on its cron) deployments.",
     )
-    serve.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="Params file.")
+    add_params_option(serve, DEFAULT_PARAMS)
     add_model_options(serve, TrackingConfig)
     serve.set_defaults(handler=run_serve_command)
 
     ui = subparsers.add_parser(
         "ui", help="Local Prefect server (:4200), MLflow UI (:5000) and `towerbench serve`."
     )
-    ui.add_argument("--params", type=Path, default=DEFAULT_PARAMS, help="Params file.")
+    add_params_option(ui, DEFAULT_PARAMS)
     add_model_options(ui, TrackingConfig)
     ui.set_defaults(handler=run_ui_command)

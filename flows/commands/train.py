@@ -7,10 +7,19 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
 
-from flows.options import add_model_options, build_model, values_from_args
+from flows.console import CommandResult, import_tensorflow
+from flows.options import (
+    add_json_option,
+    add_model_options,
+    add_params_option,
+    overrides_from_args,
+)
+from flows.params import load
 from model.config import DataConfig, TrainConfig
+
+# What gradcheck takes from the training configuration: the network, the towers, one batch.
+GRADCHECK_FIELDS = frozenset({"model", "towers", "global_batch", "seed"})
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,46 +28,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train",
         help="Train one configuration with k towers and report accuracy and speed.",
         description="Train on DATA_DIR/tfrecords/<dataset> (made by `towerbench preprocess`). "
-        "Options not given take the dataset's/model's preset, else the default; the resolved "
-        "configuration is printed first.",
+        "Options not given take the params file's train: section, then the dataset's/model's "
+        "preset, else the default; the resolved configuration is printed first.",
     )
+    add_params_option(train)
     add_model_options(train, TrainConfig)
-    train.add_argument(
-        "--data-dir",
-        type=Path,
-        default=DataConfig().data_dir,
-        help=DataConfig.model_fields["data_dir"].description,
-    )
+    add_model_options(train, DataConfig)
     train.add_argument(
         "--checkpoint-dir",
         type=Path,
         default=None,
         help="Save checkpoints here and resume from the latest one in it.",
     )
-    train.add_argument("--json", action="store_true", help="Print a JSON summary as the last line.")
+    add_json_option(train, "the run's final metrics and configuration")
     train.set_defaults(handler=run_train)
 
     gradcheck = subparsers.add_parser(
         "gradcheck",
         help="Show that averaged tower gradients equal one device's (and MirroredStrategy's).",
+        description="One fixed batch through one device, k towers averaged, k towers summed and "
+        "MirroredStrategy. Options not given take the params file's train: section, else the "
+        "default.",
     )
-    gradcheck.add_argument("--towers", type=int, required=True, help="Towers (k >= 1).")
-    gradcheck.add_argument(
-        "--global-batch",
-        type=int,
-        required=True,
-        help="Examples in the fixed batch (a multiple of --towers).",
-    )
-    gradcheck.add_argument(
-        "--model",
-        choices=("tutorial", "resnet20"),
-        default="tutorial",
-        help="Network (default: tutorial).",
-    )
-    gradcheck.add_argument("--seed", type=int, default=0, help="Seed of weights and batch.")
-    gradcheck.add_argument(
-        "--json", action="store_true", help="Print the result as JSON on the last line."
-    )
+    add_params_option(gradcheck)
+    add_model_options(gradcheck, TrainConfig, only=GRADCHECK_FIELDS)
+    add_json_option(gradcheck, "the comparison")
     gradcheck.set_defaults(handler=run_gradcheck_command)
 
 
@@ -109,14 +103,17 @@ class _Progress:
         )
 
 
-def run_train(args: argparse.Namespace) -> int:
+def run_train(args: argparse.Namespace) -> CommandResult:
+    overrides = overrides_from_args(TrainConfig, args) + overrides_from_args(DataConfig, args)
+    params = load(args.params, overrides, resolve_tracking=False)
+    config = params.train
+    print(_describe_config(config), flush=True)
+    import_tensorflow()
     from model.training import train
 
-    config = build_model(TrainConfig, values_from_args(TrainConfig, args))
-    print(_describe_config(config), flush=True)
     progress = _Progress()
     result = train(
-        config, args.data_dir, args.checkpoint_dir, progress.on_epoch, progress.on_progress
+        config, params.data.data_dir, args.checkpoint_dir, progress.on_epoch, progress.on_progress
     )
     final = result.final
     print(
@@ -128,28 +125,28 @@ def run_train(args: argparse.Namespace) -> int:
         f"peak LR {final['effective_lr']:.4g}; {final['wall_time']:.1f} s",
         flush=True,
     )
-    if args.json:
-        summary: dict[str, Any] = {
-            "status": result.status,
-            **final,
-            "config": config.model_dump(mode="json"),
-            "presets": config.preset_fields(),
-            "classes": result.classes,
-        }
-        print(json.dumps(summary))
-    return 0 if result.status == "completed" else 1
+    summary = {
+        "status": result.status,
+        **final,
+        "config": config.model_dump(mode="json"),
+        "presets": config.preset_fields(),
+        "classes": result.classes,
+    }
+    return CommandResult(0 if result.status == "completed" else 1, summary)
 
 
-def run_gradcheck_command(args: argparse.Namespace) -> int:
+def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
+    config = load(args.params, overrides_from_args(TrainConfig, args), resolve_tracking=False).train
+    import_tensorflow()
     import tensorflow as tf
 
     from model.gradcheck import run_gradcheck
 
     tf.get_logger().setLevel("ERROR")  # four trainers on one batch: retracing warnings are noise
-    result = run_gradcheck(args.model, args.towers, args.global_batch, args.seed)
+    result = run_gradcheck(config.model, config.towers, config.global_batch, config.seed)
     print(
-        f"{args.model}: {args.towers} tower(s) on {result['device_kind']} devices, "
-        f"global batch {args.global_batch}"
+        f"{config.model}: {config.towers} tower(s) on {result['device_kind']} devices, "
+        f"global batch {config.global_batch}"
     )
     header = f"{'variable':32s} {'mean vs single':>16s} {'mirrored vs single':>20s}"
     print(header + "   (relative difference of gradients ||a-b||inf/||b||inf)")
@@ -171,10 +168,8 @@ def run_gradcheck_command(args: argparse.Namespace) -> int:
         )
     summed = result["sum_vs_mean"]
     print(
-        f"sum_vs_mean: ratio {summed['ratio']:.6f} (expected {args.towers}), "
+        f"sum_vs_mean: ratio {summed['ratio']:.6f} (expected {config.towers}), "
         f"max rel diff from k x mean {summed['max_rel_diff_from_k_times_mean']:.2e}"
     )
     print(result["explanation"])
-    if args.json:
-        print(json.dumps(result))
-    return 0
+    return CommandResult(0, result)

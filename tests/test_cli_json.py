@@ -1,0 +1,121 @@
+"""`--json`: stdout carries one JSON document and nothing else, whatever the command, Prefect,
+MLflow or the processes it starts print. Captured at the file-descriptor level (a subprocess, or
+capfd), so the output of child processes counts too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import fixtures_model
+import pytest
+from prefect.settings import PREFECT_API_URL
+from prefect.testing.utilities import prefect_test_harness
+
+from flows.cli import main
+from flows.console import as_json
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Paths relative to the file's folder; the commands run from elsewhere.
+PARAMS = """\
+data: {data_dir: data}
+train: {dataset: digits, epochs: 1, global_batch: 32, reference_batch: 32}
+sweep: {towers: [2], lr_scaling: [none], seeds: [0], per_tower_batch: 16}
+tracking: {tracking_uri: "sqlite:///mlflow.db"}
+report: {report_dir: reports}
+"""
+
+
+@pytest.fixture(scope="module")
+def params_file(tmp_path_factory) -> Path:
+    project = tmp_path_factory.mktemp("project")
+    fixtures_model.write_digits(project / "data", train=128, test=64)
+    (project / "params.yaml").write_text(PARAMS)
+    return project / "params.yaml"
+
+
+@pytest.fixture(scope="module")
+def prefect_api_url():
+    with prefect_test_harness(server_startup_timeout=120):
+        yield PREFECT_API_URL.value()
+
+
+def towerbench(*argv: str, cwd: Path, **environment: str) -> subprocess.CompletedProcess:
+    """The real command line in its own process, stdout and stderr kept apart."""
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *argv],
+        cwd=cwd,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), **environment),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_sweep_json_is_the_whole_of_stdout(
+    prefect_api_url: str, params_file: Path, tmp_path: Path
+) -> None:
+    # The API of the test server: the command does not start a temporary server of its own.
+    completed = towerbench(
+        "sweep",
+        "--params",
+        str(params_file),
+        "--json",
+        cwd=tmp_path,
+        PREFECT_API_URL=prefect_api_url,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    document = json.loads(completed.stdout)
+    assert [config["status"] for config in document["configs"]] == ["completed"]
+    # The file's tracking and report sections were used, relative to the file.
+    project = params_file.parent
+    assert Path(document["report"]).is_relative_to(project / "reports")
+    assert (project / "mlflow.db").is_file()
+    assert f"MLflow parent run: {document['parent_run_id']}" in completed.stderr
+    assert completed.stderr.count("Could not find cuda drivers") <= 1
+
+
+@pytest.mark.slow
+def test_train_json_is_the_whole_of_stdout(params_file: Path, tmp_path: Path, capfd, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    status = main(["train", "--params", str(params_file), "--towers", "2", "--json"])
+    captured = capfd.readouterr()
+    assert status == 0, captured.err[-3000:]
+    document = json.loads(captured.out)
+    assert document["config"]["towers"] == 2 and document["config"]["epochs"] == 1
+    assert "configuration: " in captured.err and "epoch   1.00" in captured.err
+
+
+@pytest.mark.slow
+def test_gradcheck_json_is_the_whole_of_stdout(params_file: Path, capfd) -> None:
+    status = main(["gradcheck", "--params", str(params_file), "--towers", "2", "--json"])
+    captured = capfd.readouterr()
+    assert status == 0, captured.err[-3000:]
+    document = json.loads(captured.out)
+    assert (document["towers"], document["global_batch"]) == (2, 32)  # the batch from the file
+    assert "sum_vs_mean" in captured.err
+
+
+def test_json_document_is_strict() -> None:
+    assert as_json({"loss": float("nan"), "curve": [1.0, float("inf")]}) == (
+        '{"loss": null, "curve": [1.0, null]}'
+    )
+
+
+@pytest.mark.slow
+def test_tensorflow_start_up_lines_appear_at_most_once() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-c", "from flows.console import import_tensorflow; import_tensorflow()"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stderr.count("Could not find cuda drivers") <= 1, completed.stderr
+    assert completed.stderr.count("before absl::InitializeLog") <= 1, completed.stderr
