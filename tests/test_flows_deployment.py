@@ -16,6 +16,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from flows.params import load_params
+from model.errors import TowerbenchError
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -206,3 +209,12 @@ def test_a_changed_fetch_name_fails_at_once_naming_the_field(served_project) -> 
     # Once its process has started, the run fails within seconds; starting the process (imports
     # of TensorFlow and MLflow) is most of `waited` on a busy machine.
     assert (flow_run.end_time - flow_run.start_time).total_seconds() < 15, waited
+
+
+def test_the_schedule_time_zone_must_be_an_iana_name(tmp_path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text("benchmark:\n  timezone: Mars/Olympus_Mons\n")
+    with pytest.raises(TowerbenchError, match=r"params.yaml: benchmark.timezone: .*not an IANA"):
+        load_params(path)
+    path.write_text("benchmark:\n  timezone: America/New_York\n")
+    assert load_params(path).benchmark.timezone == "America/New_York"
