@@ -65,7 +65,9 @@ def serve(params: Params, project_dir: Path) -> None:
         name=BENCHMARK_DEPLOYMENT,
         schedule=Cron(params.benchmark.cron, timezone=params.benchmark.timezone),
         parameters={"config": params.benchmark_pipeline(project_dir).model_dump(mode="json")},
-        description="The fixed benchmark sweep, compared with its previous run.",
+        # The UI's schedule label leaves the time zone out; say it here.
+        description=f"The fixed benchmark sweep at `{params.benchmark.cron}` "
+        f"({params.benchmark.timezone}), compared with its previous run.",
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
     # Polling every 2 s (Prefect's default: 10) starts a run soon after the Run button.
