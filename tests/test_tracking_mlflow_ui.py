@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.telemetry import OPT_IN
 from model.config import TrackingConfig, TrainConfig
-from tasks.report import run_record
+from tasks.report.reading import run_record
 from tasks.tracking import (
     EXPERIMENT_KIND_TAG,
     create_config_run,
