@@ -195,6 +195,7 @@ def test_a_changed_fetch_name_fails_at_once_naming_the_field(served_project) -> 
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
         config = client.read_deployment_by_name(PIPELINE).parameters["config"]
         config["fetch"]["name"] = "digits-copy"
+        config["sweep"]["base"]["dataset"] = "digits-copy"  # what the pipeline checks first
         started = time.monotonic()
         flow_run = run_deployment(PIPELINE, parameters={"config": config}, timeout=180)
         waited = time.monotonic() - started
