@@ -14,6 +14,7 @@ import signal
 import sys
 
 from flows.console import CommandResult, as_json, stdout_reserved
+from flows.telemetry import telemetry_off_unless_opted_in
 from model.errors import TowerbenchError
 
 # Each module has `register(subparsers)`, adding its subcommands with a handler that returns an
@@ -68,9 +69,8 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     # TensorFlow's C++ start-up chatter hides the output users came for.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # Offline by default: no usage reports from the Prefect server or DVC.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+    # Offline by default: no usage reports from MLflow, Prefect or DVC (before they are imported).
+    telemetry_off_unless_opted_in()
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # a clean stop, as for Ctrl-C
     try:

@@ -8,15 +8,21 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
+import psutil
 
+from flows.process_output import OutputRelay
+from flows.telemetry import telemetry_off_unless_opted_in
 from model.config import Params
 from model.errors import TowerbenchError
 
-DEPLOYMENT_NAME = "towerbench"
+# Named for what they do: the Prefect UI lists deployments by name, the flow only in grey.
+PIPELINE_DEPLOYMENT = "towerbench-pipeline"
+BENCHMARK_DEPLOYMENT = "towerbench-nightly-benchmark"
 HOST = "127.0.0.1"
 PREFECT_PORT = 4200
 MLFLOW_PORT = 5000
@@ -42,26 +48,30 @@ def serve(params: Params, project_dir: Path) -> None:
         )
     from prefect import serve as prefect_serve
     from prefect.deployments.runner import EntrypointType
+    from prefect.schedules import Cron
 
     from flows.benchmark import benchmark
     from flows.pipeline import pipeline
 
     # Module entrypoints: the served runs import the flows by name, whatever the working directory.
     on_demand = pipeline.to_deployment(
-        name=DEPLOYMENT_NAME,
+        name=PIPELINE_DEPLOYMENT,
         parameters={"config": params.pipeline(project_dir).model_dump(mode="json")},
         description="fetch -> preprocess (DVC) -> sweep -> report, with the settings of "
         "params.yaml as the form's defaults.",
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
     scheduled = benchmark.to_deployment(
-        name=DEPLOYMENT_NAME,
-        cron=params.benchmark.cron,
+        name=BENCHMARK_DEPLOYMENT,
+        schedule=Cron(params.benchmark.cron, timezone=params.benchmark.timezone),
         parameters={"config": params.benchmark_pipeline(project_dir).model_dump(mode="json")},
-        description="The fixed benchmark sweep, compared with its previous run.",
+        # The UI's schedule label leaves the time zone out; say it here.
+        description=f"The fixed benchmark sweep at `{params.benchmark.cron}` "
+        f"({params.benchmark.timezone}), compared with its previous run.",
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
-    prefect_serve(on_demand, scheduled, pause_on_shutdown=False)
+    # Polling every 2 s (Prefect's default: 10) starts a run soon after the Run button.
+    prefect_serve(on_demand, scheduled, pause_on_shutdown=False, query_seconds=2)
 
 
 def _port_free(port: int) -> bool:
@@ -89,61 +99,112 @@ def _tool(name: str) -> str:
     return str(candidate) if candidate.exists() else (shutil.which(name) or name)
 
 
+def _start(command: list[str], environment: dict[str, str]) -> subprocess.Popen:
+    """A child in its own session (Ctrl-C reaches only us; we stop it in order), its output
+    piped to us line by line."""
+    return subprocess.Popen(
+        command,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+
+
+def _server_environment() -> dict[str, str]:
+    # MLflow's background job runner (GenAI scoring, trace archival) is 8 processes we never use.
+    return {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
+
+
+def _deployments_served(api_url: str) -> bool:
+    try:
+        response = httpx.get(f"{api_url}/deployments/name/benchmark/{BENCHMARK_DEPLOYMENT}")
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
 def run_ui(params: Params, params_path: Path) -> None:
-    """Prefect server + MLflow UI + `towerbench serve`, all on 127.0.0.1, until Ctrl-C."""
+    """Prefect server + MLflow UI + `towerbench serve`, all on 127.0.0.1, until Ctrl-C.
+
+    The terminal gets one line per server, then the served runs' logs; the servers' own output
+    goes to log files (see flows/process_output.py).
+    """
+    from tasks.tracking import TRAINING_VIEW, ensure_experiment, experiment_name
+
     for port in (PREFECT_PORT, MLFLOW_PORT):
         if not _port_free(port):
             raise TowerbenchError(f"{HOST}:{port} is already in use; stop what runs there first")
     # Ctrl-C (even if the shell started us with SIGINT ignored) and `kill` both end in `finally`.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    telemetry_off_unless_opted_in()
     tracking = params.tracking
-    # Children get their own sessions, so Ctrl-C reaches only this process, which then stops
-    # `serve` first (while its server still answers) and the servers after it.
+    relay = OutputRelay(Path(tempfile.mkdtemp(prefix="towerbench-ui-")))
+    prefect_url = f"http://{HOST}:{PREFECT_PORT}"
     processes: list[subprocess.Popen] = []
     try:
-        # Local and offline by default: no usage telemetry from the server.
-        server_environment = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", **os.environ}
-        prefect_server = subprocess.Popen(
+        prefect_server = _start(
             [_tool("prefect"), "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)],
-            env=server_environment,
-            start_new_session=True,
+            _server_environment(),
         )
         processes.append(prefect_server)
+        relay.follow("prefect-server", prefect_server.stdout)
+        relay.follow("prefect-server", prefect_server.stderr)
+        # Before the MLflow server opens the store: the link below goes straight to its runs.
+        experiment_id = ensure_experiment(tracking, experiment_name(tracking, params.train))
         mlflow_command = [_tool("mlflow"), "ui", "--host", HOST, "--port", str(MLFLOW_PORT)]
         mlflow_command += ["--workers", "1"]  # one user: spare the cores for training
+        mlflow_command += ["--uvicorn-opts", "--no-access-log --log-level warning"]
         mlflow_command += ["--backend-store-uri", tracking.tracking_uri or ""]
         if tracking.artifact_root:
             mlflow_command += ["--default-artifact-root", tracking.artifact_root]
-        processes.append(subprocess.Popen(mlflow_command, start_new_session=True))
-        _wait_for(f"http://{HOST}:{PREFECT_PORT}/api/health", prefect_server)
-        environment = dict(os.environ, PREFECT_API_URL=f"http://{HOST}:{PREFECT_PORT}/api")
-        served = subprocess.Popen(
-            [
-                _tool("towerbench"),
-                "serve",
-                "--params",
-                str(params_path),
-                "--tracking-uri",
-                tracking.tracking_uri or "",
-            ],
-            env=environment,
-            start_new_session=True,
+        mlflow_server = _start(mlflow_command, _server_environment())
+        processes.append(mlflow_server)
+        relay.follow("mlflow-ui", mlflow_server.stdout)
+        relay.follow("mlflow-ui", mlflow_server.stderr)
+        _wait_for(f"{prefect_url}/api/health", prefect_server)
+        relay.say(f"Prefect UI   {prefect_url}")
+        _wait_for(f"http://{HOST}:{MLFLOW_PORT}/health", mlflow_server)
+        relay.say(
+            f"MLflow UI    http://{HOST}:{MLFLOW_PORT}/#/experiments/{experiment_id}/runs"
+            f"{TRAINING_VIEW}"
         )
+        environment = dict(os.environ, PREFECT_API_URL=f"{prefect_url}/api")
+        command = [_tool("towerbench"), "serve", "--params", str(params_path)]
+        served = _start(command + ["--tracking-uri", tracking.tracking_uri or ""], environment)
         processes.append(served)
-        print(
-            f"Prefect UI: http://{HOST}:{PREFECT_PORT}  (Deployments -> pipeline -> Run)\n"
-            f"MLflow UI:  http://{HOST}:{MLFLOW_PORT}\nCtrl-C stops all three.",
-            flush=True,
-        )
+        relay.follow("serve", served.stdout)  # Prefect's banner; the runs log to stderr
+        relay.follow("serve", served.stderr, everything=True)
+        relay.say(f"Logs         {relay.log_dir}  (Ctrl-C stops everything)")
+        while served.poll() is None and not _deployments_served(f"{prefect_url}/api"):
+            time.sleep(2)
+        if served.poll() is None:
+            schedule = f"{params.benchmark.cron} {params.benchmark.timezone}"
+            relay.say(
+                f"Deployments  {PIPELINE_DEPLOYMENT} (Run in the Prefect UI), "
+                f"{BENCHMARK_DEPLOYMENT} ({schedule})"
+            )
         served.wait()
+        raise TowerbenchError(
+            f"`towerbench serve` exited with code {served.returncode}; see {relay.log_dir}"
+        )
     finally:
-        for process in reversed(processes):  # serve first, then the servers
+        for process in reversed(processes):  # serve first, while its server still answers
             _stop(process)
+        relay.finish()
 
 
 def _stop(process: subprocess.Popen, grace_seconds: float = 20) -> None:
-    """SIGTERM (each of them shuts down gracefully on it); killed after the grace period."""
+    """SIGTERM (each of them shuts down gracefully on it), killed after the grace period; then
+    whatever it started and left behind (in sessions of their own, say) is killed too."""
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
     if process.poll() is None:
         process.terminate()
     try:
@@ -151,3 +212,6 @@ def _stop(process: subprocess.Popen, grace_seconds: float = 20) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    _, left_behind = psutil.wait_procs(descendants, timeout=5)
+    for orphan in left_behind:
+        orphan.kill()

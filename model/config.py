@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Literal
+from zoneinfo import available_timezones
 
 from pydantic import (
     BaseModel,
@@ -417,12 +418,23 @@ class BenchmarkConfig(StrictModel):
     cron: str = Field(
         "0 3 * * *",
         pattern=r"^\S+( \S+){4}$",
-        description="Schedule (cron, 5 fields, server time zone); default nightly at 03:00.",
+        description="Schedule (cron, 5 fields, in `timezone`); default nightly at 03:00.",
+    )
+    timezone: str = Field(
+        "UTC", description="IANA time zone the cron schedule is read in, e.g. Europe/Berlin."
     )
     sweep: SweepConfig = Field(
         default_factory=lambda: SweepConfig(towers=[1, 2], seeds=[0, 1]),
         description="The fixed sweep; keep it unchanged so results stay comparable.",
     )
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_time_zone(cls, timezone: str) -> str:
+        # The tz database's names, less the system's "localtime" link, which Prefect refuses.
+        if timezone == "localtime" or timezone not in available_timezones():
+            raise ValueError(f"{timezone!r} is not an IANA time zone (e.g. UTC, Europe/Berlin)")
+        return timezone
 
 
 class Params(StrictModel):

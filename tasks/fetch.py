@@ -1,16 +1,31 @@
-"""Prefect task: fetch a dataset's raw files through DVC (network I/O, so it retries)."""
+"""Prefect task: fetch a dataset's raw files through DVC; a download that gave up is retried."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import task
+from prefect import Task, task
+from prefect.client.schemas.objects import State, TaskRun
 
 from model.config import FetchConfig
-from tasks.dvc_stages import FETCH_STAGE, repro_stage
+from tasks.dvc_stages import FETCH_STAGE, StageError, repro_stage
+
+RETRY_DELAYS_SECONDS = [10, 60]
 
 
-@task(name="fetch", retries=2, retry_delay_seconds=[10, 60])
+def transient_io_failure(task: Task, task_run: TaskRun, state: State) -> bool:  # noqa: ARG001
+    """Prefect's `retry_condition_fn`: retry only when the download gave up on dropped
+    connections or server errors (it resumes); a settings or validation error fails at once."""
+    error = state.result(raise_on_failure=False)
+    return isinstance(error, StageError) and error.transient
+
+
+@task(
+    name="fetch",
+    retries=len(RETRY_DELAYS_SECONDS),
+    retry_delay_seconds=RETRY_DELAYS_SECONDS,
+    retry_condition_fn=transient_io_failure,
+)
 def fetch_task(repo: Path, config: FetchConfig) -> None:
     """`dvc repro fetch` in `repo`: downloads only when the raw data is stale."""
     repro_stage(repo, FETCH_STAGE, {"fetch": config})

@@ -33,6 +33,12 @@ UNSTABLE_TAG = "towerbench.unstable"  # why a completed run counts as unstable (
 SWEPT_TAG = "towerbench.swept"  # JSON list of the training fields a sweep varied besides its axes
 SWEEP_KEY_TAG = "towerbench.sweep_key"  # what a sweep trains, on which data: resume finds it
 PARENT_TAG = "mlflow.parentRunId"
+# MLflow 3 declares what an experiment is for with this tag (the training kind shows runs first).
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING = "custom_model_development"
+# The 3.17 UI opens experiments by the browser's "GenAI | Model training" switch (default GenAI,
+# whatever the tag says); this query parameter sets it, so our links land on the training runs.
+TRAINING_VIEW = "?workflowType=machine_learning"
 
 # SQLite stores this process found complete (a created schema never becomes incomplete again).
 _READY_STORES: set[str] = set()
@@ -93,18 +99,22 @@ def experiment_name(tracking: TrackingConfig, config: TrainConfig) -> str:
 
 
 def ensure_experiment(tracking: TrackingConfig, name: str) -> str:
-    """The id of experiment `name`, created (with the configured artifact root) if missing."""
+    """The id of experiment `name`, created (with the configured artifact root) if missing, and
+    declared a model-training experiment unless someone chose another kind in the UI."""
     client = client_for(tracking)
     experiment = client.get_experiment_by_name(name)
-    if experiment is not None:
-        return experiment.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=tracking.artifact_root)
-    except MlflowException:
-        experiment = client.get_experiment_by_name(name)  # a sweep started beside us made it
-        if experiment is None:
-            raise
-        return experiment.experiment_id
+    if experiment is None:
+        try:
+            return client.create_experiment(
+                name, artifact_location=tracking.artifact_root, tags={EXPERIMENT_KIND_TAG: TRAINING}
+            )
+        except MlflowException:
+            experiment = client.get_experiment_by_name(name)  # a sweep started beside us made it
+            if experiment is None:
+                raise
+    if EXPERIMENT_KIND_TAG not in experiment.tags:
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING)
+    return experiment.experiment_id
 
 
 def flat_params(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -255,4 +265,4 @@ def run_url(tracking: TrackingConfig, experiment_id: str, run_id: str) -> str:
     """Link to a run in the MLflow UI (a tracking server's own address when there is one)."""
     uri = tracking.tracking_uri or ""
     base = uri if uri.startswith(("http://", "https://")) else tracking.ui_url
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}{TRAINING_VIEW}"

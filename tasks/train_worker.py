@@ -90,6 +90,16 @@ def _numbers(values: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def epoch_step(epoch: float) -> int:
+    """The MLflow step of a record at `epoch`: the epoch it ends, so runs with different tower
+    counts (different optimizer steps per epoch) line up in MLflow's charts.
+
+    Records fall on epoch ends, except the last of a run stopped within an epoch (fractional
+    `epochs`, divergence), which gets the next whole number; the exact value is the `epoch` metric.
+    """
+    return math.ceil(epoch)
+
+
 def run(request: WorkerRequest) -> dict[str, Any]:
     """Train, log live, evaluate; returns the summary sent back to the sweep."""
     import mlflow
@@ -107,7 +117,7 @@ def run(request: WorkerRequest) -> dict[str, Any]:
 
     def on_epoch(metrics: dict[str, float]) -> None:
         numbers = _numbers(metrics)
-        mlflow.log_metrics(numbers, step=int(numbers.get("step", 0)))
+        mlflow.log_metrics(numbers, step=epoch_step(numbers["epoch"]))
         emit("epoch", numbers)
 
     def on_progress(progress: dict[str, float]) -> None:
@@ -127,7 +137,7 @@ def run(request: WorkerRequest) -> dict[str, Any]:
     params = {name: final[key] for key, name in FINAL_PARAMS.items() if key in final}
     mlflow.log_params({**params, "device_names": ",".join(final["device_names"])})
     metrics = _numbers({key: final[key] for key in FINAL_METRICS if key in final})
-    mlflow.log_metrics(metrics, step=int(final.get("steps", 0)))
+    mlflow.log_metrics(metrics, step=epoch_step(final.get("epochs", 0.0)))
     evaluate.log_evaluation(result)
     if "unstable" in final:
         mlflow.set_tag(UNSTABLE_TAG, final["unstable"])

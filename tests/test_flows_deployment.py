@@ -16,6 +16,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from flows.params import load_params
+from model.errors import TowerbenchError
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -44,7 +47,7 @@ def write_project(folder: Path) -> dict:
         },
         "sweep": {"towers": [2], "seeds": [0], "warmup_epochs": [0], "per_tower_batch": 32},
         "tracking": {"tracking_uri": f"sqlite:///{folder / 'mlflow.db'}"},
-        "benchmark": {"cron": "30 2 * * *"},
+        "benchmark": {"cron": "30 2 * * *", "timezone": "Europe/Berlin"},
     }
     (folder / "params.yaml").write_text(yaml.safe_dump(params))
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, check=True)
@@ -65,8 +68,14 @@ def wait_until(condition, timeout: float, what: str, processes=()) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.fixture
-def served_project(tmp_path):
+PIPELINE = "pipeline/towerbench-pipeline"
+BENCHMARK = "benchmark/towerbench-nightly-benchmark"
+
+
+@pytest.fixture(scope="module")
+def served_project(tmp_path_factory):
+    """`towerbench serve` of a small project against a local Prefect server, once served."""
+    tmp_path = tmp_path_factory.mktemp("served")
     project = tmp_path / "project"
     write_project(project)
     port = free_port()
@@ -104,6 +113,16 @@ def served_project(tmp_path):
             start_new_session=True,
         )
         processes.append(serve)
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            wait_until(
+                lambda: client.read_deployment_by_name(BENCHMARK) is not None,
+                120,
+                "the served deployments",
+                processes,
+            )
         yield project, api, processes, logs
     finally:
         for process in reversed(processes):
@@ -124,16 +143,11 @@ def test_served_pipeline_runs_from_the_client_and_fills_mlflow(served_project) -
     project, api, processes, logs = served_project
     with temporary_settings({PREFECT_API_URL: api}):
         with get_client(sync_client=True) as client:
-            wait_until(
-                lambda: client.read_deployment_by_name("benchmark/towerbench") is not None,
-                120,
-                "the served deployments",
-                processes,
-            )
-            benchmark = client.read_deployment_by_name("benchmark/towerbench")
-            assert [item.schedule.cron for item in benchmark.schedules] == ["30 2 * * *"]
+            benchmark = client.read_deployment_by_name(BENCHMARK)
+            (schedule,) = [item.schedule for item in benchmark.schedules]
+            assert (schedule.cron, schedule.timezone) == ("30 2 * * *", "Europe/Berlin")
             assert not benchmark.paused
-        flow_run = run_deployment("pipeline/towerbench", timeout=420, poll_interval=2)
+        flow_run = run_deployment(PIPELINE, timeout=420, poll_interval=2)
     serve_log = (logs / "serve.log").read_text()[-3000:]
     assert flow_run.state is not None and flow_run.state.is_completed(), serve_log
 
@@ -168,3 +182,40 @@ def test_serve_without_a_server_says_schedules_need_one(tmp_path) -> None:
     assert result.returncode == 2
     assert "schedules need a Prefect server" in result.stderr
     assert "ephemeral" in result.stderr
+
+
+def test_a_changed_fetch_name_fails_at_once_naming_the_field(served_project) -> None:
+    """The form's fetch name differs from params.yaml: no retries, one line naming the field."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    project, api, processes, logs = served_project
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        config = client.read_deployment_by_name(PIPELINE).parameters["config"]
+        config["fetch"]["name"] = "digits-copy"
+        config["sweep"]["base"]["dataset"] = "digits-copy"  # what the pipeline checks first
+        started = time.monotonic()
+        flow_run = run_deployment(PIPELINE, parameters={"config": config}, timeout=180)
+        waited = time.monotonic() - started
+        (fetch,) = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+        )
+    assert flow_run.state is not None and flow_run.state.is_failed(), flow_run.state
+    message = flow_run.state.message or ""
+    assert "fetch.name: 'digits-copy' in the form, 'digits' in params.yaml" in message
+    assert "\n" not in message
+    assert fetch.run_count == 1  # no retries: they wait 10 s, then 60 s
+    # Once its process has started, the run fails within seconds; starting the process (imports
+    # of TensorFlow and MLflow) is most of `waited` on a busy machine.
+    assert (flow_run.end_time - flow_run.start_time).total_seconds() < 15, waited
+
+
+def test_the_schedule_time_zone_must_be_an_iana_name(tmp_path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text("benchmark:\n  timezone: Mars/Olympus_Mons\n")
+    with pytest.raises(TowerbenchError, match=r"params.yaml: benchmark.timezone: .*not an IANA"):
+        load_params(path)
+    path.write_text("benchmark:\n  timezone: America/New_York\n")
+    assert load_params(path).benchmark.timezone == "America/New_York"

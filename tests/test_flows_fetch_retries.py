@@ -1,0 +1,104 @@
+"""The fetch task retries a download that gave up (a real HTTP server answering 503) and never a
+settings error (real Prefect test harness, real DVC project)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+import yaml
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.testing.utilities import prefect_test_harness
+
+from model.config import FetchConfig
+from model.errors import TowerbenchError
+from tasks.dvc_stages import FETCH_STAGE, repro_stage
+from tasks.fetch import RETRY_DELAYS_SECONDS, fetch_task
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def prefect_harness():
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def write_project(folder: Path, fetch: dict) -> Path:
+    """A DVC project (no git) whose params.yaml has the given `fetch:` section."""
+    folder.mkdir()
+    shutil.copy(ROOT / "dvc.yaml", folder / "dvc.yaml")
+    params = {"fetch": fetch, "preprocess": {"shards": 1}, "data": {"data_dir": "data"}}
+    (folder / "params.yaml").write_text(yaml.safe_dump(params))
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, check=True)
+    return folder
+
+
+def fetch_attempts(project: Path, config: FetchConfig) -> tuple[str, int]:
+    """Run the fetch task in a flow, with one retry and no delay (each attempt of the stage takes
+    seconds): its final message and how often it ran."""
+
+    @flow
+    def fetch_only() -> UUID:
+        fast = fetch_task.with_options(retries=1, retry_delay_seconds=0)
+        return fast(project, config, return_state=True).state_details.task_run_id
+
+    with get_client(sync_client=True) as client:
+        task_run = client.read_task_run(fetch_only())
+    assert task_run.state.is_failed()
+    return task_run.state.message, task_run.run_count
+
+
+def test_settings_mismatch_names_each_field_that_differs(tmp_path) -> None:
+    project = write_project(tmp_path / "project", {"source": "digits", "name": "digits"})
+    asked = FetchConfig(source="digits", name="digits-copy", retries=5)
+    with pytest.raises(TowerbenchError) as raised:
+        repro_stage(project, FETCH_STAGE, {"fetch": asked})
+    message = str(raised.value)
+    assert message.startswith(
+        f"{project / 'params.yaml'}: fetch.name: 'digits-copy' in the form, 'digits' in "
+        "params.yaml; fetch.retries: 5 in the form, 3 in params.yaml ("
+    )
+    assert "\n" not in message and "FetchConfig" not in message
+
+
+def test_a_settings_error_fails_at_once_without_retries(prefect_harness, tmp_path) -> None:
+    project = write_project(tmp_path / "project", {"source": "digits", "name": "digits"})
+    started = time.monotonic()
+    message, runs = fetch_attempts(project, FetchConfig(name="digits-copy"))
+    assert runs == 1
+    assert time.monotonic() - started < RETRY_DELAYS_SECONDS[0]
+    assert "fetch.name: 'digits-copy' in the form, 'digits' in params.yaml" in message
+
+
+class _Unavailable(BaseHTTPRequestHandler):
+    requests = 0
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        type(self).requests += 1
+        self.send_error(503)
+
+    def log_message(self, *args) -> None:  # keep pytest's output clean
+        pass
+
+
+def test_a_download_that_gave_up_is_retried(prefect_harness, tmp_path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Unavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/cifar-10-binary.tar.gz"
+        fetch = {"source": "cifar10", "name": "cifar10", "url": url, "retries": 0}
+        project = write_project(tmp_path / "project", fetch)
+        message, runs = fetch_attempts(project, FetchConfig(**fetch))
+    finally:
+        server.shutdown()
+    assert runs == 2 and _Unavailable.requests == 2  # the first attempt and the retry
+    assert "download failed after 1 attempt(s) (HTTP 503)" in message
