@@ -1,234 +1,118 @@
-"""The training loop: data -> tower steps -> honest metrics, evaluation and checkpoints.
+"""The training loop: set up a run, train it one epoch at a time, finish with its final metrics.
 
-Metrics per epoch: cross-entropy averaged over ALL towers' examples (not the last tower's), the
-weight-decay term separately and their sum; train accuracy; test accuracy of the raw weights and
-of their exponential moving average (the tutorial's, decay 0.9999); images/s; step time; LR; and
-for k >= 2 towers the gradient noise scale. Evaluation sees every test example exactly once.
+Each epoch gives an `EpochRecord` (model.records): cross-entropy averaged over ALL towers'
+examples, the weight-decay term and their sum, train accuracy, test accuracy of the raw weights
+and of their moving average (decay 0.9999), speed, LR, and for k >= 2 towers the noise scale.
 
-Resuming: checkpoints hold the weights, optimizer state (with its step counter), the weight EMA,
-the noise-scale averages and the epoch's metric sums. The data order and distortions are pure
-functions of (seed, epoch, position) (see input_pipeline), and nothing else draws random numbers
-after initialisation, so a run resumed from step s replays exactly the steps an uninterrupted run
-takes from s: same final weights.
+Resuming (model.checkpoints) is exact: the data order and distortions are pure functions of
+(seed, epoch, position) (model.input_pipeline) and nothing else draws random numbers after
+initialisation, so a run resumed from step s replays the steps an uninterrupted run takes from s.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from model.clock import Clock
 from model.config import TrainConfig
 from model.devices import TowerDevices, configure_tower_devices
-from model.errors import TowerbenchError
-from model.sources.layout import write_atomically
+from model.records import EpochRecord, FinalMetrics, TrainResult, last_losses
+from model.stability import diverged, instability
+from model.training_data import load_training_data
 
-if TYPE_CHECKING:  # TensorFlow is imported only when training starts
+if TYPE_CHECKING:  # _set_up imports these: Keras and the graph builders load when training starts
+    from model.checkpoints import Checkpoints
+    from model.evaluation import Evaluator
+    from model.input_pipeline import Distortions, EpochPlan
+    from model.networks import Network
     from model.schedules import EpochSchedule
+    from model.tfrecords import Manifest
     from model.towers import TowerTrainer
 
 ProgressCallback = Callable[[dict[str, float]], None]
+EpochCallback = Callable[[EpochRecord], None]
 # Seconds between live progress reports (each one reads metrics from the devices).
 PROGRESS_SECONDS = 1.0
-EVAL_BATCH = 500
-CONFIG_FILE = "train_config.json"
-HISTORY_FILE = "history.json"
-
-
-@dataclass
-class TrainResult:
-    """What a training run produced (see the Training contract in the conventions)."""
-
-    config: TrainConfig
-    history: list[dict[str, float]]
-    final: dict[str, Any]
-    status: str  # "completed" | "diverged"
-    confusion_matrix: np.ndarray  # [classes, classes], rows = true class, raw weights
-    classes: list[str]
-    model: Any = field(repr=False)  # keras.Model with the final raw weights
-
-
-def _write_json_atomically(path: Path, payload: Any) -> None:
-    write_atomically(path, json.dumps(payload, indent=2).encode())
-
-
-def check_config_against_data(config: TrainConfig, manifest) -> None:
-    """Refuse settings the dataset cannot satisfy, naming the option."""
-    examples = manifest.splits["train"].examples
-    height, width, _ = manifest.image_shape
-    if config.towers > examples:
-        raise TowerbenchError(
-            f"--towers {config.towers} exceeds the {examples} training examples of "
-            f"{config.dataset!r}: every tower needs at least one example per step"
-        )
-    if config.global_batch > examples:
-        raise TowerbenchError(
-            f"--global-batch {config.global_batch} exceeds the {examples} training examples of "
-            f"{config.dataset!r}"
-        )
-    if config.crop_size is not None and config.crop_size > min(height, width):
-        raise TowerbenchError(
-            f"--crop-size {config.crop_size} is larger than the {height}x{width} images of "
-            f"{config.dataset!r} (use a smaller crop or --crop-size none)"
-        )
-    if "test" not in manifest.splits:
-        raise TowerbenchError(f"dataset {config.dataset!r} has no test split to evaluate on")
-
-
-def _load_dataset(config: TrainConfig, data_dir: Path):
-    from model.tfrecords import MANIFEST_NAME, dataset_dir, load_manifest, split_files
-
-    folder = dataset_dir(data_dir, config.dataset)
-    if not (folder / MANIFEST_NAME).is_file():
-        raise TowerbenchError(
-            f"--dataset {config.dataset}: no preprocessed data in {folder}; run "
-            f"`towerbench preprocess {config.dataset} --data-dir {data_dir}` first"
-        )
-    manifest = load_manifest(folder)
-    check_config_against_data(config, manifest)
-    return manifest, split_files(folder, manifest, "train"), split_files(folder, manifest, "test")
-
-
-class _Evaluator:
-    """Confusion matrix and mean cross-entropy of given weights on the whole test split."""
-
-    def __init__(self, model, device: str, files, image_shape, crop_size, classes: int):
-        import tensorflow as tf
-
-        from model.input_pipeline import evaluation_dataset
-
-        self.dataset = evaluation_dataset(files, image_shape, crop_size, EVAL_BATCH)
-        self.model, self.device, self.classes = model, device, classes
-        self.non_trainable = model.non_trainable_variables
-
-        @tf.function
-        def predict_batch(weights, images, labels, mask):
-            with tf.device(self.device):
-                logits, _ = self.model.stateless_call(
-                    weights, [v.value for v in self.non_trainable], images, training=False
-                )
-                predictions = tf.argmax(logits, -1, tf.int32)
-                kept = tf.where(mask, labels, 0)
-                cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(kept, logits)
-            # Padding (mask False) gets weight 0: counted nowhere.
-            confusion = tf.math.confusion_matrix(
-                kept,
-                predictions,
-                self.classes,
-                weights=tf.cast(mask, tf.int64),
-                dtype=tf.int64,
-            )
-            return confusion, tf.reduce_sum(tf.where(mask, cross_entropy, 0.0))
-
-        self.predict_batch = predict_batch
-
-    def evaluate(self, weights) -> tuple[np.ndarray, float]:
-        """(confusion matrix, mean test cross-entropy) of `weights`."""
-        import tensorflow as tf
-
-        values = [tf.convert_to_tensor(w) for w in weights]
-        total = np.zeros((self.classes, self.classes), np.int64)
-        cross_entropy = 0.0
-        for images, labels, mask in self.dataset:
-            confusion, loss_sum = self.predict_batch(values, images, labels, mask)
-            total += confusion.numpy()
-            cross_entropy += float(loss_sum.numpy())
-        return total, cross_entropy / max(int(total.sum()), 1)
-
-
-def _accuracy(confusion: np.ndarray) -> float:
-    return float(np.trace(confusion) / max(confusion.sum(), 1))
-
-
-def _diverged(trainer: TowerTrainer, config: TrainConfig, classes: int) -> bool:
-    """The last step's cross-entropy is NaN/inf or `divergence_factor` times chance level
-    (reading it waits for the step)."""
-    cross_entropy = float(trainer.last_cross_entropy.numpy())
-    total = float(trainer.last_loss.numpy())
-    limit = config.divergence_factor * math.log(classes)
-    return not (math.isfinite(cross_entropy) and math.isfinite(total)) or cross_entropy > limit
-
-
-# A run is unstable when an epoch's mean training cross-entropy rises above chance level
-# (ln C, what predicting 1/C everywhere costs) by this factor, or when its loss did not fall and
-# it ends within this factor of chance accuracy.
-UNSTABLE_LOSS_FACTOR = 1.05
-UNSTABLE_ACCURACY_FACTOR = 2.0
-
-
-def instability(history: list[dict[str, float]], classes: int, test_accuracy: float) -> str | None:
-    """Why this run counts as unstable (learning collapsed), or None."""
-    chance_loss = math.log(classes)
-    losses = [entry["cross_entropy"] for entry in history]
-    worst = max(losses, default=0.0)
-    if not math.isfinite(worst) or worst > UNSTABLE_LOSS_FACTOR * chance_loss:
-        epoch = history[losses.index(worst)]["epoch"] if math.isfinite(worst) else None
-        where = f" in epoch {math.ceil(epoch)}" if epoch is not None else ""
-        return (
-            f"training cross-entropy reached {worst:.2f}{where}, above chance level "
-            f"ln {classes} = {chance_loss:.2f}"
-        )
-    # Near chance at the end after a loss that went nowhere or back up: collapsed, not just short.
-    stalled = len(losses) >= 2 and losses[-1] >= losses[0]
-    if stalled and test_accuracy < UNSTABLE_ACCURACY_FACTOR / classes:
-        return (
-            f"test accuracy {100 * test_accuracy:.1f}% is near chance ({100 / classes:.0f}%) "
-            f"and the training cross-entropy did not fall ({losses[0]:.2f} -> {losses[-1]:.2f})"
-        )
-    return None
-
-
-def _snapshot(
-    trainer: TowerTrainer, schedule: EpochSchedule, step: int, steps_per_epoch: int, clock: _Clock
-) -> dict[str, float]:
-    """Where training is and its running metrics: the progress line and the epoch record."""
-    epoch = step / steps_per_epoch
-    return {
-        "epoch": epoch,
-        "step": float(step),
-        "lr": float(schedule(epoch)),
-        **trainer.read_metrics(),
-        "images_per_sec": clock.epoch_rate(),
-    }
 
 
 def train(
     config: TrainConfig,
     data_dir: Path,
     checkpoint_dir: Path | None = None,
-    on_epoch: ProgressCallback | None = None,
+    on_epoch: EpochCallback | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> TrainResult:
     """Train `config` on DATA_DIR/tfrecords/<dataset>; resume from `checkpoint_dir` if it holds
     a checkpoint of the same configuration."""
+    run = _set_up(config, Path(data_dir), checkpoint_dir)
+    while run.step < run.total_steps and run.status == "completed":
+        record = _train_one_epoch(run, on_progress)
+        run.history.append(record)
+        if run.checkpoints is not None and run.step < run.total_steps:
+            run.checkpoints.save(run.step, run.history)  # every epoch: a kill loses one at most
+        if on_epoch is not None:
+            on_epoch(record)
+    return _finish(run)
+
+
+@dataclass
+class _Run:
+    """One training run while it trains: what set-up built, and where training is."""
+
+    config: TrainConfig
+    manifest: Manifest
+    train_files: list[str]
+    devices: TowerDevices
+    plan: EpochPlan
+    total_steps: int
+    schedule: EpochSchedule
+    distortions: Distortions
+    network: Network
+    trainer: TowerTrainer
+    evaluator: Evaluator
+    checkpoints: Checkpoints | None
+    history: list[EpochRecord]
+    step: int
+    status: Literal["completed", "diverged"] = "completed"
+    clock: Clock = field(default_factory=Clock)
+    last_report: float = field(default_factory=time.perf_counter)
+    last_eval_epoch: float = 0.0
+    confusion: np.ndarray | None = None  # of the last evaluation in this process
+
+    @property
+    def classes(self) -> int:
+        return len(self.manifest.classes)
+
+    @property
+    def epoch(self) -> float:
+        return self.step / self.plan.steps
+
+
+def _set_up(config: TrainConfig, data_dir: Path, checkpoint_dir: Path | None) -> _Run:
+    """Data, devices, network, optimizer, towers and evaluator; restored from `checkpoint_dir`
+    when it holds this run."""
     # Reading the manifest runs no TensorFlow op; the devices must be split before any op runs.
-    data_dir = Path(data_dir)
-    manifest, train_files, test_files = _load_dataset(config, data_dir)
+    manifest, train_files, test_files = load_training_data(config, data_dir)
     devices = configure_tower_devices(config.towers, config.device_type, config.parameter_device)
     import keras
     import tensorflow as tf
 
-    from model.input_pipeline import (
-        Distortions,
-        EpochPlan,
-        network_input_shape,
-        train_dataset,
-    )
+    from model.checkpoints import Checkpoints, training_state
+    from model.evaluation import Evaluator
+    from model.input_pipeline import Distortions, EpochPlan, network_input_shape
     from model.networks import build_network
     from model.schedules import StepSchedule, schedule_from_config
     from model.towers import TowerTrainer
 
     plan = EpochPlan(manifest.splits["train"].examples, config.global_batch, config.towers)
-    classes = len(manifest.classes)
-    total_steps = max(round(config.epochs * plan.steps), 1)
     schedule = schedule_from_config(config)
-
     keras.utils.set_random_seed(config.seed)
     input_shape = network_input_shape(manifest.image_shape, config.crop_size)
     with tf.device(devices.parameter_device):
@@ -247,7 +131,7 @@ def train(
         config.ema_decay,
         config.xla,
     )
-    evaluator = _Evaluator(
+    evaluator = Evaluator(
         network.model,
         devices.devices[0],
         test_files,
@@ -255,228 +139,161 @@ def train(
         config.crop_size,
         len(manifest.classes),
     )
-    checkpoint = tf.train.Checkpoint(
-        weights=[variable.value for variable in network.model.variables],
-        optimizer=[variable.value for variable in optimizer.variables],
-        ema=trainer.ema_weights,
-        noise=trainer.noise,
-        metric_sums=[trainer.cross_entropy_sum, trainer.correct, trainer.examples],
-    )
-    history: list[dict[str, float]] = []
-    manager = None
+    checkpoints, history = None, []
     if checkpoint_dir is not None:
-        manager, history = _open_checkpoints(checkpoint, Path(checkpoint_dir), config)
+        state = training_state(network.model, optimizer, trainer)
+        checkpoints, history = Checkpoints.open(Path(checkpoint_dir), config, state)
+    return _Run(
+        config=config,
+        manifest=manifest,
+        train_files=train_files,
+        devices=devices,
+        plan=plan,
+        total_steps=max(round(config.epochs * plan.steps), 1),
+        schedule=schedule,
+        distortions=Distortions.from_config(config),
+        network=network,
+        trainer=trainer,
+        evaluator=evaluator,
+        checkpoints=checkpoints,
+        history=history,
+        step=int(optimizer.iterations.numpy()),
+        # A resumed run counts from its last record, evaluated or not.
+        last_eval_epoch=history[-1].epoch if history else 0.0,
+    )
 
-    distortions = Distortions.from_config(config)
-    step = int(optimizer.iterations.numpy())
-    status = "completed"
-    clock = _Clock()
-    last_report = time.perf_counter()
-    last_eval_epoch = history[-1]["epoch"] if history else 0.0
-    confusion = None
-    while step < total_steps and status == "completed":
-        epoch_index, start = divmod(step, plan.steps)
-        batches = train_dataset(
-            train_files, manifest.image_shape, plan, distortions, config.seed, epoch_index, start
-        )
-        clock.start_epoch()
-        for images, labels in batches:
-            clock.step(trainer.step, images, labels)
-            step += 1
-            # A checkpoint that falls on an epoch's end is saved after the epoch's record.
-            if _checkpoint_due(manager, config, step) and step % plan.steps:
-                _save(manager, step, history)
-            if step >= total_steps:
+
+def _train_one_epoch(run: _Run, on_progress: ProgressCallback | None) -> EpochRecord:
+    """The rest of the current epoch (all of it unless resumed mid-epoch), stopping early at the
+    run's last step or when the loss diverges; then the epoch's record."""
+    from model.input_pipeline import train_dataset
+
+    epoch_index, start = divmod(run.step, run.plan.steps)
+    batches = train_dataset(
+        run.train_files,
+        run.manifest.image_shape,
+        run.plan,
+        run.distortions,
+        run.config.seed,
+        epoch_index,
+        start,
+    )
+    run.clock.start_epoch()
+    for images, labels in batches:
+        run.clock.step(run.trainer.step, images, labels)
+        run.step += 1
+        checkpoint_due = run.checkpoints is not None and run.checkpoints.due(run.step)
+        if checkpoint_due and run.step % run.plan.steps:  # at an epoch's end: after its record
+            run.checkpoints.save(run.step, run.history)
+        if run.step >= run.total_steps:
+            break
+        now = time.perf_counter()
+        if now - run.last_report >= PROGRESS_SECONDS:  # reading from devices waits for them
+            run.last_report = now
+            if _diverged(run):
+                run.status = "diverged"
                 break
-            now = time.perf_counter()
-            if now - last_report >= PROGRESS_SECONDS:  # reading from devices waits for them
-                last_report = now
-                if _diverged(trainer, config, classes):
-                    status = "diverged"
-                    break
-                if on_progress is not None:
-                    on_progress(_snapshot(trainer, schedule, step, plan.steps, clock))
-        if _diverged(trainer, config, classes):
-            status = "diverged"
-        epoch = step / plan.steps
-        record = {
-            **_snapshot(trainer, schedule, step, plan.steps, clock),
-            "step_time": clock.epoch_step_time(),
-            "wall_time": clock.wall_time(),
-        }
-        trainer.reset_metrics()
-        due = epoch - last_eval_epoch >= config.eval_every_epochs - 1e-9
-        if due or step >= total_steps or status != "completed":
-            last_eval_epoch = epoch
-            confusion, record["test_cross_entropy"] = evaluator.evaluate(trainer.trainable)
-            record["test_accuracy"] = _accuracy(confusion)
-            record["ema_test_accuracy"] = _accuracy(evaluator.evaluate(trainer.ema_weights)[0])
-        else:
-            record["test_accuracy"] = record["ema_test_accuracy"] = float("nan")
-            record["test_cross_entropy"] = float("nan")
-        if devices.replicas > 1:
-            record["noise_scale"] = trainer.noise.value()
-        history.append(record)
-        if manager is not None and step < total_steps:  # every epoch: a kill loses one at most
-            _save(manager, step, history)
-        if on_epoch is not None:
-            on_epoch(record)
-    if manager is not None:
-        _save(manager, step, history)
-
-    if confusion is None:  # resumed after the last step: nothing was evaluated in this process
-        confusion, _ = evaluator.evaluate(trainer.trainable)
-    final = _final_metrics(
-        history, confusion, evaluator, trainer, devices, config, schedule, clock, step
-    )
-    return TrainResult(
-        config, history, final, status, confusion, list(manifest.classes), network.model
-    )
+            if on_progress is not None:
+                on_progress(_progress(run))
+    if _diverged(run):
+        run.status = "diverged"
+    return _epoch_record(run)
 
 
-class _Clock:
-    """Wall time, and steady-state speed without tracing/compiling."""
-
-    def __init__(self):
-        self.started = time.perf_counter()
-        self.steady_seconds = 0.0
-        self.steady_images = 0
-        self.epoch_seconds = 0.0
-        self.epoch_images = 0
-        self.epoch_steps = 0
-
-    def start_epoch(self) -> None:
-        self.epoch_seconds, self.epoch_images, self.epoch_steps = 0.0, 0, 0
-
-    def step(self, function, images, labels) -> None:
-        """Run the compiled step `function`; a call that traced it is left out of steady speed."""
-        traces = function.experimental_get_tracing_count()
-        began = time.perf_counter()
-        function(images, labels)
-        seconds = time.perf_counter() - began
-        count = int(images.shape[0])
-        self.epoch_seconds += seconds
-        self.epoch_images += count
-        self.epoch_steps += 1
-        if function.experimental_get_tracing_count() == traces:
-            self.steady_seconds += seconds
-            self.steady_images += count
-
-    def epoch_rate(self) -> float:
-        return self.epoch_images / self.epoch_seconds if self.epoch_seconds else float("nan")
-
-    def epoch_step_time(self) -> float:
-        return self.epoch_seconds / self.epoch_steps if self.epoch_steps else float("nan")
-
-    def steady_rate(self) -> float:
-        if not self.steady_seconds:
-            return self.epoch_rate()
-        return self.steady_images / self.steady_seconds
-
-    def wall_time(self) -> float:
-        return time.perf_counter() - self.started
+def _diverged(run: _Run) -> bool:
+    """Whether the last step diverged (reading its losses waits for the step)."""
+    cross_entropy = float(run.trainer.last_cross_entropy.numpy())
+    total_loss = float(run.trainer.last_loss.numpy())
+    return diverged(cross_entropy, total_loss, run.classes, run.config.divergence_factor)
 
 
-def _final_metrics(
-    history,
-    confusion,
-    evaluator,
-    trainer,
-    devices: TowerDevices,
-    config: TrainConfig,
-    schedule,
-    clock: _Clock,
-    step: int,
-) -> dict[str, Any]:
-    rate = clock.steady_rate()
-    ema_accuracy = next(
-        (
-            entry["ema_test_accuracy"]
-            for entry in reversed(history)
-            if not math.isnan(entry["ema_test_accuracy"])
-        ),
-        None,
-    )
-    if ema_accuracy is None:  # no epoch evaluated the EMA weights in this process
-        ema_accuracy = _accuracy(evaluator.evaluate(trainer.ema_weights)[0])
-    final = {
-        "test_accuracy": _accuracy(confusion),
-        "ema_test_accuracy": ema_accuracy,
-        "test_examples": int(confusion.sum()),
-        "images_per_sec": rate,
-        "step_time": config.global_batch / rate if rate else float("nan"),
-        "wall_time": clock.wall_time(),
-        "steps": step,
-        "epochs": history[-1]["epoch"] if history else 0.0,
-        "global_batch": config.global_batch,
-        "per_tower_batch": config.global_batch // config.towers,
-        "effective_lr": schedule.peak_lr,
-        "device_kind": devices.kind,
-        "device_names": list(devices.devices),
-        "parameter_device": devices.parameter_device,
-        "replicas": devices.replicas,
+def _progress(run: _Run) -> dict[str, float]:
+    """Where training is and its running metrics: the live progress and the epoch record's start."""
+    return {
+        "epoch": run.epoch,
+        "step": run.step,
+        "lr": float(run.schedule(run.epoch)),
+        **run.trainer.read_metrics(),
+        "images_per_sec": run.clock.epoch_rate(),
     }
-    if devices.replicas > 1:
-        final["noise_scale"] = trainer.noise.value()
-    final.update(_final_losses(history))
-    reason = instability(history, confusion.shape[0], final["test_accuracy"])
-    if reason is not None:
-        final["unstable"] = reason
-    return final
 
 
-# The last epoch's losses: what the loss paradox in the report is made of.
-FINAL_LOSSES = ("cross_entropy", "weight_decay_loss", "total_loss")
+def _epoch_record(run: _Run) -> EpochRecord:
+    """The epoch's training metrics, then (when due) its evaluation on the test split."""
+    trained = {
+        **_progress(run),
+        "step_time": run.clock.epoch_step_time(),
+        "wall_time": run.clock.wall_time(),
+    }
+    run.trainer.reset_metrics()
+    tested = _test_metrics(run) if _evaluation_due(run) else {}
+    noise_scale = run.trainer.noise.value() if run.devices.replicas > 1 else None
+    return EpochRecord(**trained, **tested, noise_scale=noise_scale)
 
 
-def _final_losses(history: list[dict[str, float]]) -> dict[str, float]:
-    """Training losses of the last epoch (all towers), the last test cross-entropy, the gap."""
-    if not history:
-        return {}
-    losses = {f"train_{key}": history[-1][key] for key in FINAL_LOSSES}
-    tested = [entry.get("test_cross_entropy", math.nan) for entry in history]
-    tested = [value for value in tested if math.isfinite(value)]
-    if tested:
-        losses["test_cross_entropy"] = tested[-1]
-        losses["generalization_gap"] = tested[-1] - losses["train_cross_entropy"]
-    return losses
+def _evaluation_due(run: _Run) -> bool:
+    """Every `eval_every_epochs`, at the last step, and when the run stops early."""
+    due = run.epoch - run.last_eval_epoch >= run.config.eval_every_epochs - 1e-9
+    return due or run.step >= run.total_steps or run.status != "completed"
 
 
-def _open_checkpoints(checkpoint, folder: Path, config: TrainConfig):
-    """A CheckpointManager on `folder`, restored if it holds a run of the same configuration."""
-    import tensorflow as tf
+def _test_metrics(run: _Run) -> dict[str, float]:
+    """Test accuracy and cross-entropy of the raw weights, test accuracy of their average."""
+    from model.evaluation import accuracy
 
-    folder.mkdir(parents=True, exist_ok=True)
-    config_path = folder / CONFIG_FILE
-    wanted = config.model_dump(mode="json", exclude={"epochs", "checkpoint_every"})
-    manager = tf.train.CheckpointManager(checkpoint, str(folder), max_to_keep=2)
-    history: list[dict[str, float]] = []
-    if manager.latest_checkpoint:
-        saved = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        different = sorted(name for name in wanted if saved.get(name) != wanted[name])
-        if different:
-            raise TowerbenchError(
-                f"--checkpoint-dir {folder}: holds a run with different settings "
-                f"({', '.join(different)}); use another folder to start a new run"
-            )
-        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        step = int(manager.latest_checkpoint.rsplit("-", 1)[-1])
-        history_path = folder / HISTORY_FILE
-        if history_path.is_file():
-            history = [
-                entry for entry in json.loads(history_path.read_text()) if entry["step"] <= step
-            ]
-    else:
-        _write_json_atomically(config_path, wanted)
-    return manager, history
+    run.last_eval_epoch = run.epoch
+    run.confusion, test_cross_entropy = run.evaluator.evaluate(run.trainer.trainable)
+    return {
+        "test_cross_entropy": test_cross_entropy,
+        "test_accuracy": accuracy(run.confusion),
+        "ema_test_accuracy": accuracy(run.evaluator.evaluate(run.trainer.ema_weights)[0]),
+    }
 
 
-def _checkpoint_due(manager, config: TrainConfig, step: int) -> bool:
-    every = config.checkpoint_every
-    return manager is not None and every > 0 and step % every == 0
+def _finish(run: _Run) -> TrainResult:
+    """The last checkpoint, the final evaluation (unless the last epoch's stands), the result."""
+    if run.checkpoints is not None:
+        run.checkpoints.save(run.step, run.history)
+    if run.confusion is None:  # resumed after the last step: nothing was evaluated in this process
+        run.confusion, _ = run.evaluator.evaluate(run.trainer.trainable)
+    return TrainResult(
+        config=run.config,
+        history=run.history,
+        final=_final_metrics(run, run.confusion),
+        status=run.status,
+        confusion_matrix=run.confusion,
+        classes=list(run.manifest.classes),
+        model=run.network.model,
+    )
 
 
-def _save(manager, step: int, history: list[dict[str, float]]) -> None:
-    # History first: an entry beyond the checkpoint's step is ignored when resuming.
-    _write_json_atomically(Path(manager.directory) / HISTORY_FILE, history)
-    manager.save(checkpoint_number=step)
+def _final_metrics(run: _Run, confusion: np.ndarray) -> FinalMetrics:
+    """Final accuracies, steady-state speed, where the run ran, its last losses and stability."""
+    from model.evaluation import accuracy
+
+    ema_accuracies = [record.ema_test_accuracy for record in run.history]
+    ema_accuracy = next((a for a in reversed(ema_accuracies) if not math.isnan(a)), None)
+    if ema_accuracy is None:  # no epoch evaluated the EMA weights in this process
+        ema_accuracy = accuracy(run.evaluator.evaluate(run.trainer.ema_weights)[0])
+    test_accuracy = accuracy(confusion)
+    config, devices, rate = run.config, run.devices, run.clock.steady_rate()
+    return FinalMetrics(
+        test_accuracy=test_accuracy,
+        ema_test_accuracy=ema_accuracy,
+        test_examples=int(confusion.sum()),
+        images_per_sec=rate,
+        step_time=config.global_batch / rate if rate else math.nan,
+        wall_time=run.clock.wall_time(),
+        steps=run.step,
+        epochs=run.history[-1].epoch if run.history else 0.0,
+        global_batch=config.global_batch,
+        per_tower_batch=config.global_batch // config.towers,
+        effective_lr=run.schedule.peak_lr,
+        device_kind=devices.kind,
+        device_names=list(devices.devices),
+        parameter_device=devices.parameter_device,
+        replicas=devices.replicas,
+        noise_scale=run.trainer.noise.value() if devices.replicas > 1 else None,
+        **last_losses(run.history),
+        unstable=instability(run.history, run.classes, test_accuracy),
+    )

@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import numpy as np  # noqa: E402
 
+from model.records import EpochRecord  # noqa: E402
 from model.tfrecords import dataset_dir, load_manifest  # noqa: E402
 
 MODEL_NAME = "model"
@@ -37,14 +38,14 @@ def log_data_input(data_dir: Path, dataset: str, data_version: str) -> None:
     mlflow.log_input(data, context="training")
 
 
-def learning_curves_figure(history: list[dict[str, float]]) -> plt.Figure:
+def learning_curves_figure(history: list[EpochRecord]) -> plt.Figure:
     """Accuracy and loss per epoch."""
-    epochs = [row["epoch"] for row in history]
+    epochs = [record.epoch for record in history]
     figure, (accuracy_axis, loss_axis) = plt.subplots(1, 2, figsize=(10, 4))
     for key in ("train_accuracy", "test_accuracy", "ema_test_accuracy"):
-        accuracy_axis.plot(epochs, [row.get(key, np.nan) for row in history], label=key)
+        accuracy_axis.plot(epochs, [getattr(record, key) for record in history], label=key)
     for key in ("cross_entropy", "weight_decay_loss", "total_loss"):
-        loss_axis.plot(epochs, [row.get(key, np.nan) for row in history], label=key)
+        loss_axis.plot(epochs, [getattr(record, key) for record in history], label=key)
     accuracy_axis.set(xlabel="epoch", ylabel="accuracy", title="Accuracy")
     loss_axis.set(xlabel="epoch", ylabel="loss", title="Loss (mean over all towers)")
     accuracy_axis.legend()

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from model.config import TrackingConfig, TrainConfig
 from model.errors import TowerbenchError
+from model.records import EpochRecord, finite_numbers
 from tasks.preflight import bound_mlflow_http
 
 EVENT_PREFIX = "@@towerbench "
@@ -52,44 +53,6 @@ def emit(event: str, values: dict[str, Any]) -> None:
     print(EVENT_PREFIX + json.dumps({"event": event, **clean}), flush=True)
 
 
-# Of the trainer's final summary: these are metrics; effective_lr and the devices are params.
-FINAL_METRICS = (
-    "test_accuracy",
-    "ema_test_accuracy",
-    "test_examples",
-    "images_per_sec",
-    "step_time",
-    "wall_time",
-    "steps",
-    "epochs",
-    "noise_scale",
-    "train_cross_entropy",
-    "train_weight_decay_loss",
-    "train_total_loss",
-    "test_cross_entropy",
-    "generalization_gap",
-)
-# Trainer summary key -> param name (`parameter_device` is already the configured choice).
-FINAL_PARAMS = {
-    "effective_lr": "effective_lr",
-    "device_kind": "device_kind",
-    "parameter_device": "parameter_device_name",
-    "replicas": "replicas",
-    "per_tower_batch": "per_tower_batch",
-}
-
-
-def _numbers(values: dict[str, Any]) -> dict[str, float]:
-    """The finite numbers of `values` (epochs without evaluation carry NaN accuracies)."""
-    return {
-        key: float(value)
-        for key, value in values.items()
-        if isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(float(value))
-    }
-
-
 def epoch_step(epoch: float) -> int:
     """The MLflow step of a record at `epoch`: the epoch it ends, so runs with different tower
     counts (different optimizer steps per epoch) line up in MLflow's charts.
@@ -115,16 +78,16 @@ def run(request: WorkerRequest) -> dict[str, Any]:
 
     last_progress = 0.0
 
-    def on_epoch(metrics: dict[str, float]) -> None:
-        numbers = _numbers(metrics)
-        mlflow.log_metrics(numbers, step=epoch_step(numbers["epoch"]))
-        emit("epoch", numbers)
+    def on_epoch(record: EpochRecord) -> None:
+        metrics = record.metrics()
+        mlflow.log_metrics(metrics, step=epoch_step(record.epoch))
+        emit("epoch", metrics)
 
     def on_progress(progress: dict[str, float]) -> None:
         nonlocal last_progress
         if time.monotonic() - last_progress >= PROGRESS_INTERVAL_SECONDS:
             last_progress = time.monotonic()
-            emit("progress", _numbers(progress))
+            emit("progress", finite_numbers(progress))
 
     result = train(
         config,
@@ -134,20 +97,18 @@ def run(request: WorkerRequest) -> dict[str, Any]:
         on_progress=on_progress,
     )
     final = result.final
-    params = {name: final[key] for key, name in FINAL_PARAMS.items() if key in final}
-    mlflow.log_params({**params, "device_names": ",".join(final["device_names"])})
-    metrics = _numbers({key: final[key] for key in FINAL_METRICS if key in final})
-    mlflow.log_metrics(metrics, step=epoch_step(final.get("epochs", 0.0)))
+    mlflow.log_params(final.mlflow_params())
+    mlflow.log_metrics(final.mlflow_metrics(), step=epoch_step(final.epochs))
     evaluate.log_evaluation(result)
-    if "unstable" in final:
-        mlflow.set_tag(UNSTABLE_TAG, final["unstable"])
+    if final.unstable is not None:
+        mlflow.set_tag(UNSTABLE_TAG, final.unstable)
     mlflow.set_tag(STATUS_TAG, result.status)
     return {
         "status": result.status,
-        "unstable": final.get("unstable"),
-        "test_accuracy": final.get("test_accuracy"),
-        "images_per_sec": final.get("images_per_sec"),
-        "wall_time": final.get("wall_time"),
+        "unstable": final.unstable,
+        "test_accuracy": final.test_accuracy,
+        "images_per_sec": final.images_per_sec,
+        "wall_time": final.wall_time,
     }
 
 

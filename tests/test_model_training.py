@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from flows.cli import main
-from model import training
+from model import evaluation, training
 from model.config import TrainConfig
+from model.records import EpochRecord
+from model.stability import diverged, instability
 from model.tfrecords import dataset_dir, load_manifest
 
 TEST_EXAMPLES = 103  # not a multiple of any evaluation batch used here
@@ -53,15 +55,15 @@ def test_cli_training_learns_digits_well_above_chance(data_dir, capsys):
 
 
 def test_every_test_example_is_evaluated_exactly_once(data_dir, monkeypatch):
-    monkeypatch.setattr(training, "EVAL_BATCH", 16)  # 103 = 6 x 16 + 7: a padded last batch
+    monkeypatch.setattr(evaluation, "EVAL_BATCH", 16)  # 103 = 6 x 16 + 7: a padded last batch
     config = TrainConfig(dataset="digits", towers=4, global_batch=64, epochs=0.5)
     result = training.train(config, data_dir)
     manifest = load_manifest(dataset_dir(data_dir, "digits"))
-    assert result.final["test_examples"] == TEST_EXAMPLES
+    assert result.final.test_examples == TEST_EXAMPLES
     assert result.confusion_matrix.sum(axis=1).tolist() == manifest.splits["test"].per_class
     entry = result.history[-1]
-    assert entry["total_loss"] == pytest.approx(entry["cross_entropy"] + entry["weight_decay_loss"])
-    assert entry["weight_decay_loss"] > 0
+    assert entry.total_loss == pytest.approx(entry.cross_entropy + entry.weight_decay_loss)
+    assert entry.weight_decay_loss > 0
 
 
 class _Killed(Exception):
@@ -90,13 +92,13 @@ def test_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(
         with pytest.raises(_Killed):
             training.train(config, data_dir, tmp_path / "ckpt", on_progress=kill_at(kill_step))
     resumed = training.train(config, data_dir, tmp_path / "ckpt")
-    assert resumed.final["steps"] == uninterrupted.final["steps"] == 20
+    assert resumed.final.steps == uninterrupted.final.steps == 20
     for after_resume, straight in zip(
         resumed.model.get_weights(), uninterrupted.model.get_weights(), strict=True
     ):
         np.testing.assert_array_equal(after_resume, straight)
-    assert [e["step"] for e in resumed.history] == [10.0, 20.0]
-    assert resumed.history[-1]["train_accuracy"] == uninterrupted.history[-1]["train_accuracy"]
+    assert [e.step for e in resumed.history] == [10.0, 20.0]
+    assert resumed.history[-1].train_accuracy == uninterrupted.history[-1].train_accuracy
 
 
 def test_exploding_loss_stops_the_run_as_diverged(data_dir, monkeypatch):
@@ -106,7 +108,7 @@ def test_exploding_loss_stops_the_run_as_diverged(data_dir, monkeypatch):
     )
     result = training.train(config, data_dir)
     assert result.status == "diverged"
-    assert result.final["steps"] < 30
+    assert result.final.steps < 30
 
 
 def test_tutorial_bn_with_nesterov_and_linear_decay_learns_and_reports_its_losses(data_dir):
@@ -125,19 +127,19 @@ def test_tutorial_bn_with_nesterov_and_linear_decay_learns_and_reports_its_losse
     )
     result = training.train(config, data_dir)
     final = result.final
-    assert result.status == "completed" and "unstable" not in final
-    assert final["test_accuracy"] > 0.5  # chance is 0.1
-    assert final["effective_lr"] == pytest.approx(0.04)
-    assert result.history[-1]["lr"] == pytest.approx(0.0, abs=1e-6)  # decayed to 0 at the end
+    assert result.status == "completed" and final.unstable is None
+    assert final.test_accuracy > 0.5  # chance is 0.1
+    assert final.effective_lr == pytest.approx(0.04)
+    assert result.history[-1].lr == pytest.approx(0.0, abs=1e-6)  # decayed to 0 at the end
     last = result.history[-1]
-    assert final["train_cross_entropy"] == last["cross_entropy"]
-    assert final["train_total_loss"] == pytest.approx(
-        final["train_cross_entropy"] + final["train_weight_decay_loss"]
+    assert final.train_cross_entropy == last.cross_entropy
+    assert final.train_total_loss == pytest.approx(
+        final.train_cross_entropy + final.train_weight_decay_loss
     )
-    assert final["generalization_gap"] == pytest.approx(
-        final["test_cross_entropy"] - final["train_cross_entropy"]
+    assert final.generalization_gap == pytest.approx(
+        final.test_cross_entropy - final.train_cross_entropy
     )
-    assert 0 < final["test_cross_entropy"] < np.log(10)
+    assert 0 < final.test_cross_entropy < np.log(10)
 
 
 @pytest.mark.parametrize(
@@ -151,11 +153,39 @@ def test_tutorial_bn_with_nesterov_and_linear_decay_learns_and_reports_its_losse
     ],
 )
 def test_instability_is_named_relative_to_chance(losses, accuracy, reason):
-    history = [
-        {"epoch": float(index + 1), "cross_entropy": loss} for index, loss in enumerate(losses)
-    ]
-    found = training.instability(history, 10, accuracy)
+    history = [_epoch_record(index + 1, loss) for index, loss in enumerate(losses)]
+    found = instability(history, 10, accuracy)
     assert found == reason if reason is None else found.startswith(reason)
+
+
+def _epoch_record(epoch: int, cross_entropy: float) -> EpochRecord:
+    nan = float("nan")
+    return EpochRecord(
+        epoch=float(epoch),
+        step=10 * epoch,
+        lr=0.1,
+        cross_entropy=cross_entropy,
+        weight_decay_loss=nan,
+        total_loss=nan,
+        train_accuracy=nan,
+        images_per_sec=nan,
+        step_time=nan,
+        wall_time=nan,
+    )
+
+
+@pytest.mark.parametrize(
+    ("cross_entropy", "total_loss", "expected"),
+    [
+        (2.3, 2.7, False),  # chance level for 10 classes: ln 10 = 2.30
+        (6.9, 7.3, False),  # just under 3 x chance
+        (7.0, 7.4, True),
+        (1.0, float("inf"), True),
+        (float("nan"), 1.0, True),
+    ],
+)
+def test_divergence_is_relative_to_chance(cross_entropy, total_loss, expected):
+    assert diverged(cross_entropy, total_loss, classes=10, factor=3) is expected
 
 
 @pytest.mark.parametrize(

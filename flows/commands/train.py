@@ -17,6 +17,7 @@ from flows.options import (
 )
 from flows.params import load
 from model.config import DataConfig, TrainConfig
+from model.records import EpochRecord
 
 # What gradcheck takes from the training configuration: the network, the towers, one batch.
 GRADCHECK_FIELDS = frozenset({"model", "towers", "global_batch", "seed"})
@@ -81,23 +82,23 @@ class _Progress:
             )
             self.stream.flush()
 
-    def on_epoch(self, metrics: dict[str, float]) -> None:
+    def on_epoch(self, record: EpochRecord) -> None:
         if self.live:
             self.stream.write("\r" + " " * 100 + "\r")
-        test = metrics["test_accuracy"]
+        test = record.test_accuracy
         tested = (
             ""
             if math.isnan(test)
-            else (f"  test {test:.4f}  ema test {metrics['ema_test_accuracy']:.4f}")
+            else (f"  test {test:.4f}  ema test {record.ema_test_accuracy:.4f}")
         )
-        noise = metrics.get("noise_scale")
+        noise = record.noise_scale
         noise_text = "" if noise is None or math.isnan(noise) else f"  B_noise {noise:.0f}"
         print(
-            f"epoch {metrics['epoch']:6.2f}  step {int(metrics['step']):6d}  "
-            f"cross-entropy {metrics['cross_entropy']:.4f}  weight decay "
-            f"{metrics['weight_decay_loss']:.4f}  total {metrics['total_loss']:.4f}  "
-            f"train acc {metrics['train_accuracy']:.4f}{tested}  "
-            f"{metrics['images_per_sec']:.0f} img/s  lr {metrics['lr']:.4g}{noise_text}",
+            f"epoch {record.epoch:6.2f}  step {record.step:6d}  "
+            f"cross-entropy {record.cross_entropy:.4f}  weight decay "
+            f"{record.weight_decay_loss:.4f}  total {record.total_loss:.4f}  "
+            f"train acc {record.train_accuracy:.4f}{tested}  "
+            f"{record.images_per_sec:.0f} img/s  lr {record.lr:.4g}{noise_text}",
             file=self.stream,
             flush=True,
         )
@@ -117,17 +118,17 @@ def run_train(args: argparse.Namespace) -> CommandResult:
     )
     final = result.final
     print(
-        f"{result.status}: test accuracy {final['test_accuracy']:.4f} "
-        f"(EMA {final['ema_test_accuracy']:.4f}) on {final['test_examples']} test examples; "
-        f"{final['images_per_sec']:.0f} images/s; {config.towers} tower(s) on "
-        f"{final['device_kind']} devices {', '.join(final['device_names'])}, variables on "
-        f"{final['parameter_device']}; global batch {final['global_batch']}, "
-        f"peak LR {final['effective_lr']:.4g}; {final['wall_time']:.1f} s",
+        f"{result.status}: test accuracy {final.test_accuracy:.4f} "
+        f"(EMA {final.ema_test_accuracy:.4f}) on {final.test_examples} test examples; "
+        f"{final.images_per_sec:.0f} images/s; {config.towers} tower(s) on "
+        f"{final.device_kind} devices {', '.join(final.device_names)}, variables on "
+        f"{final.parameter_device}; global batch {final.global_batch}, "
+        f"peak LR {final.effective_lr:.4g}; {final.wall_time:.1f} s",
         flush=True,
     )
     summary = {
         "status": result.status,
-        **final,
+        **final.to_dict(),
         "config": config.model_dump(mode="json"),
         "presets": config.preset_fields(),
         "classes": result.classes,

@@ -8,6 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from model.config import TrainConfig
 from model.errors import TowerbenchError
+from model.records import LOSS_METRICS
 from tasks.report.statistics import Curve, RunRecord
 from tasks.tracking import (
     CONFIG_TAG,
@@ -18,15 +19,6 @@ from tasks.tracking import (
     PARENT_TAG,
     STATUS_TAG,
     UNSTABLE_TAG,
-)
-
-# Final metrics of a run that make up the loss table (see model.training._final_losses).
-LOSS_METRICS = (
-    "train_cross_entropy",
-    "train_weight_decay_loss",
-    "train_total_loss",
-    "test_cross_entropy",
-    "generalization_gap",
 )
 
 

@@ -1,0 +1,66 @@
+"""Evaluation on the test split: every test example counted exactly once (the last, padded batch
+is masked), giving the confusion matrix and the mean test cross-entropy of the given weights."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from model.input_pipeline import evaluation_dataset
+
+EVAL_BATCH = 500
+
+
+def accuracy(confusion: np.ndarray) -> float:
+    return float(np.trace(confusion) / max(confusion.sum(), 1))
+
+
+class Evaluator:
+    """Confusion matrix and mean cross-entropy of given weights on the whole test split."""
+
+    def __init__(
+        self,
+        model,
+        device: str,
+        files: Sequence[str],
+        image_shape: Sequence[int],
+        crop_size: int | None,
+        classes: int,
+    ):
+        self.dataset = evaluation_dataset(files, image_shape, crop_size, EVAL_BATCH)
+        self.model, self.device, self.classes = model, device, classes
+        self.non_trainable = model.non_trainable_variables
+
+        @tf.function
+        def predict_batch(weights, images, labels, mask):
+            with tf.device(self.device):
+                logits, _ = self.model.stateless_call(
+                    weights, [v.value for v in self.non_trainable], images, training=False
+                )
+                predictions = tf.argmax(logits, -1, tf.int32)
+                kept = tf.where(mask, labels, 0)
+                cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(kept, logits)
+            # Padding (mask False) gets weight 0: counted nowhere.
+            confusion = tf.math.confusion_matrix(
+                kept,
+                predictions,
+                self.classes,
+                weights=tf.cast(mask, tf.int64),
+                dtype=tf.int64,
+            )
+            return confusion, tf.reduce_sum(tf.where(mask, cross_entropy, 0.0))
+
+        self.predict_batch = predict_batch
+
+    def evaluate(self, weights) -> tuple[np.ndarray, float]:
+        """(confusion matrix [true, predicted class], mean test cross-entropy) of `weights`."""
+        values = [tf.convert_to_tensor(w) for w in weights]
+        total = np.zeros((self.classes, self.classes), np.int64)
+        cross_entropy = 0.0
+        for images, labels, mask in self.dataset:
+            confusion, loss_sum = self.predict_batch(values, images, labels, mask)
+            total += confusion.numpy()
+            cross_entropy += float(loss_sum.numpy())
+        return total, cross_entropy / max(int(total.sum()), 1)
