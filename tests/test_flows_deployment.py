@@ -16,7 +16,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from flows.params import load_params
+from flows.params import load
 from model.errors import TowerbenchError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,6 +216,6 @@ def test_the_schedule_time_zone_must_be_an_iana_name(tmp_path) -> None:
     path = tmp_path / "params.yaml"
     path.write_text("benchmark:\n  timezone: Mars/Olympus_Mons\n")
     with pytest.raises(TowerbenchError, match=r"params.yaml: benchmark.timezone: .*not an IANA"):
-        load_params(path)
+        load(path)
     path.write_text("benchmark:\n  timezone: America/New_York\n")
-    assert load_params(path).benchmark.timezone == "America/New_York"
+    assert load(path).benchmark.timezone == "America/New_York"
