@@ -28,14 +28,16 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tensorflow as tf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from model.errors import TowerbenchError
 from model.storage import replace_folder, space_errors
+
+if TYPE_CHECKING:  # TensorFlow loads only when records are read or written, not for manifests
+    import tensorflow as tf
 
 MANIFEST_NAME = "manifest.json"
 # Images are summarised in chunks so mean/std never materialise a float copy of the dataset.
@@ -113,13 +115,6 @@ def split_files(dataset_dir: Path, manifest: Manifest, split: str) -> list[str]:
     return [str(path) for path in paths]
 
 
-_FEATURES = {
-    "image": tf.io.FixedLenFeature([], tf.string),
-    "label": tf.io.FixedLenFeature([], tf.int64),
-    "shape": tf.io.FixedLenFeature([3], tf.int64),
-}
-
-
 def decode_example(
     serialized: tf.Tensor, image_shape: Sequence[int] | None = None
 ) -> tuple[tf.Tensor, tf.Tensor]:
@@ -128,7 +123,16 @@ def decode_example(
     Pass `image_shape=manifest.image_shape` to get a fully static shape (what Keras layers and
     XLA want); without it the shape comes from the record and is only known at run time.
     """
-    features = tf.io.parse_single_example(serialized, _FEATURES)
+    import tensorflow as tf
+
+    features = tf.io.parse_single_example(
+        serialized,
+        {
+            "image": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64),
+            "shape": tf.io.FixedLenFeature([3], tf.int64),
+        },
+    )
     pixels = tf.io.decode_raw(features["image"], tf.uint8)
     if image_shape is None:
         image = tf.reshape(pixels, features["shape"])
@@ -138,6 +142,8 @@ def decode_example(
 
 
 def _serialize(image_bytes: bytes, label: int, shape: list[int]) -> bytes:
+    import tensorflow as tf
+
     example = tf.train.Example(
         features=tf.train.Features(
             feature={
@@ -189,6 +195,8 @@ def _check_split(split: str, images: np.ndarray, labels: np.ndarray, num_classes
 def _write_split(
     folder: Path, split: str, images: np.ndarray, labels: np.ndarray, shards: int, num_classes: int
 ) -> SplitInfo:
+    import tensorflow as tf
+
     count = len(images)
     num_files = min(shards, count)
     shape = [int(size) for size in images.shape[1:]]
