@@ -73,6 +73,17 @@ def _truncated(stddev: float, seed: int) -> keras.initializers.Initializer:
     return keras.initializers.TruncatedNormal(stddev=stddev, seed=seed)
 
 
+def _hidden_dense(units: int, name: str, seed: int) -> keras.layers.Dense:
+    """The tutorial's hidden fully-connected layer: ReLU, stddev 0.04, bias 0.1."""
+    return keras.layers.Dense(
+        units,
+        activation="relu",
+        name=name,
+        kernel_initializer=_truncated(0.04, seed),
+        bias_initializer=keras.initializers.Constant(0.1),
+    )
+
+
 def _tutorial_layers(seed: int, num_classes: int) -> dict[str, keras.layers.Layer]:
     """The tutorial's convolutions and fully-connected layers, with its initialisers."""
     conv, dense = keras.layers.Conv2D, keras.layers.Dense
@@ -95,20 +106,8 @@ def _tutorial_layers(seed: int, num_classes: int) -> dict[str, keras.layers.Laye
             kernel_initializer=_truncated(5e-2, seed + 1),
             bias_initializer=keras.initializers.Constant(0.1),
         ),
-        "local3": dense(
-            384,
-            activation="relu",
-            name="local3",
-            kernel_initializer=_truncated(0.04, seed + 2),
-            bias_initializer=keras.initializers.Constant(0.1),
-        ),
-        "local4": dense(
-            192,
-            activation="relu",
-            name="local4",
-            kernel_initializer=_truncated(0.04, seed + 3),
-            bias_initializer=keras.initializers.Constant(0.1),
-        ),
+        "local3": _hidden_dense(384, "local3", seed + 2),
+        "local4": _hidden_dense(192, "local4", seed + 3),
         "softmax_linear": dense(
             num_classes,
             name="softmax_linear",

@@ -219,3 +219,26 @@ def test_the_schedule_time_zone_must_be_an_iana_name(tmp_path) -> None:
         load(path)
     path.write_text("benchmark:\n  timezone: America/New_York\n")
     assert load(path).benchmark.timezone == "America/New_York"
+
+
+def test_an_unfetched_dataset_fails_in_one_line_before_anything_trains(served_project) -> None:
+    """The form's training dataset is one that was never fetched: Failed at once, one line that
+    names the field, and no run in MLflow claiming data it did not train on."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    project, api, processes, logs = served_project
+    store = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    runs_before = len(store.search_runs([e.experiment_id for e in store.search_experiments()]))
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        config = client.read_deployment_by_name(PIPELINE).parameters["config"]
+        config["sweep"]["base"]["dataset"] = "cifar10"
+        flow_run = run_deployment(PIPELINE, parameters={"config": config}, timeout=180)
+    assert flow_run.state is not None and flow_run.state.is_failed(), flow_run.state
+    message = flow_run.state.message or ""
+    assert "train.dataset: 'cifar10' is not the dataset that fetch builds ('digits')" in message
+    assert "\n" not in message
+    assert (flow_run.end_time - flow_run.start_time).total_seconds() < 30
+    runs_after = len(store.search_runs([e.experiment_id for e in store.search_experiments()]))
+    assert runs_after == runs_before

@@ -78,24 +78,11 @@ def test_warmup_and_decay_values():
     cosine = schedule_from_config(TrainConfig(dataset="cifar10", decay="cosine", epochs=10))
     assert float(cosine(5.0)) == pytest.approx(0.05)
     assert math.isclose(float(cosine(10.0)), 0.0, abs_tol=1e-8)
-
-
-def test_linear_decay_is_one_cycle_shaped():
-    """Warmup from base_lr to the peak, then a straight line to 0 at the run's last epoch."""
-    config = TrainConfig(
-        dataset="cifar10",
-        towers=4,
-        global_batch=512,
-        lr_scaling="linear",
-        warmup_epochs=2,
-        decay="linear",
-        epochs=10,
-    )
-    schedule = schedule_from_config(config)
-    assert float(schedule(0.0)) == pytest.approx(0.1)
-    assert float(schedule(2.0)) == pytest.approx(0.4)
-    assert float(schedule(6.0)) == pytest.approx(0.2)
-    assert math.isclose(float(schedule(10.0)), 0.0, abs_tol=1e-8)
+    # Linear: warmup to the peak, then a straight line to 0 at the run's last epoch (one-cycle).
+    one_cycle = schedule_from_config(config.model_copy(update={"decay": "linear", "epochs": 10}))
+    assert float(one_cycle(2.0)) == pytest.approx(0.4)
+    assert float(one_cycle(6.0)) == pytest.approx(0.2)
+    assert math.isclose(float(one_cycle(10.0)), 0.0, abs_tol=1e-8)
 
 
 def test_updates_budget_gives_every_run_the_reference_number_of_steps():
