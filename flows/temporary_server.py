@@ -23,7 +23,7 @@ def _end_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def start_owned_temporary_server() -> None:
+def start_owned_temporary_server(timeout_seconds: int) -> None:
     """Start the temporary server now, from this (main) thread, unless an API URL is set.
 
     PR_SET_PDEATHSIG follows the thread that forked the child, so the server must be started
@@ -45,4 +45,4 @@ def start_owned_temporary_server() -> None:
             finally:
                 prefect_server.subprocess = original
 
-    OwnedServer().start()  # registered as Prefect's default temporary server
+    OwnedServer().start(timeout=timeout_seconds)  # registered as Prefect's default server

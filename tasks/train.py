@@ -7,6 +7,7 @@ progress to Prefect (run logger + a progress artifact) and, if the process dies 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ from prefect.artifacts import update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from model.config import TrackingConfig
-from tasks.tracking import mark_failed
+from tasks.tracking import mark_failed, mark_killed
 from tasks.train_worker import EVENT_PREFIX, WorkerRequest
 
 
@@ -39,8 +40,9 @@ class TrainingFailed(Exception):
     """A configuration's training process failed; the message is its one-line cause."""
 
 
-# How long a stopped training process has to mark its run and exit before it is killed.
-STOP_GRACE_SECONDS = 8
+# How long a stopped training process has to mark its run and exit before it is killed (a
+# process still loading TensorFlow cannot run its signal handler; the run is marked for it).
+STOP_GRACE_SECONDS = 3
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -129,7 +131,12 @@ def train_configuration(
             fraction = min(max(epoch / epochs, 0.0), 1.0)
             update_progress_artifact(progress_artifact, start + (end - start) * fraction)
 
-    outcome = run_training_process(request, on_event)
+    try:
+        outcome = run_training_process(request, on_event)
+    except BaseException:  # Ctrl-C, SIGTERM: the process is stopped; never leave its run RUNNING
+        with contextlib.suppress(Exception):
+            mark_killed(tracking, request.run_id, "stopped; run the same sweep again to resume")
+        raise
     if progress_artifact is not None:
         update_progress_artifact(progress_artifact, end)
     if outcome["status"] == "failed":

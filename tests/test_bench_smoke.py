@@ -21,6 +21,8 @@ from model.bench.summary import summarize, target_rows
 from model.bench.timing import interleaved
 from model.networks import build_network
 
+pytestmark = pytest.mark.slow  # trains, or starts servers or processes
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(
     mode="smoke",
@@ -47,6 +49,7 @@ from model.bench.suite import (
     count_flops, measure_input_pipeline, measure_preprocessing, measure_steps,
 )
 from model.config import TrainConfig
+
 settings = BenchSettings(**{TINY!r})
 config = TrainConfig()
 results = {{"flops_per_example": count_flops(config)}}

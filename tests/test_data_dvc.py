@@ -13,6 +13,8 @@ from model.errors import TowerbenchError
 from model.tfrecords import dataset_dir, load_manifest
 from tasks.dvc_stages import _run_dvc, update_dataset
 
+pytestmark = pytest.mark.slow  # trains, or starts servers or processes
+
 PROJECT = Path(__file__).resolve().parents[1]
 
 

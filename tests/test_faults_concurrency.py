@@ -11,7 +11,10 @@ import subprocess
 import sys
 import time
 
+import pytest
 from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
 # Import everything first, say "ready", then wait for "go": both start on the store together.
 FIRST_SWEEP_STEPS = """
@@ -19,13 +22,14 @@ import sys, time
 from pathlib import Path
 from model.config import TrackingConfig
 from tasks.tracking import ensure_experiment, resolve_tracking, start_sweep_run
+
 uri, ready, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 tracking = resolve_tracking(TrackingConfig(tracking_uri=uri))
 ready.touch()
 while not go.exists():
     time.sleep(0.002)
 experiment_id = ensure_experiment(tracking, "towerbench-digits-tutorial")
-start_sweep_run(tracking, experiment_id, ready.name, "sweep", {}, [])
+start_sweep_run(tracking, experiment_id, ready.name, "sweep", {}, [], key=ready.name)
 """
 
 

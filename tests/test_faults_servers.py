@@ -21,6 +21,8 @@ from mlflow.environment_variables import (
 from model.errors import TowerbenchError
 from tasks.preflight import MLFLOW_HTTP_DEFAULTS, bound_mlflow_http, check_servers
 
+pytestmark = pytest.mark.slow  # trains, or starts servers or processes
+
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_SECONDS = 15
 

@@ -19,6 +19,8 @@ from mlflow.tracking import MlflowClient
 from flows.params import load
 from model.errors import TowerbenchError
 
+pytestmark = pytest.mark.slow  # trains, or starts servers or processes
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 

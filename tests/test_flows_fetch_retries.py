@@ -23,6 +23,8 @@ from model.errors import TowerbenchError
 from tasks.dvc_stages import FETCH_STAGE, repro_stage
 from tasks.fetch import RETRY_DELAYS_SECONDS, fetch_task
 
+pytestmark = pytest.mark.slow  # trains, or starts servers or processes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

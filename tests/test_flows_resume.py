@@ -15,6 +15,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from test_flows_sweep import TINY_TRAINING, write_tiny_digits
 
+pytestmark = pytest.mark.slow  # trains, or starts servers or processes
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGURATIONS = 4  # towers 1, 2 x seeds 0, 1
 

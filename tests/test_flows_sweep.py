@@ -21,6 +21,8 @@ from model.config import TrackingConfig, TrainConfig
 from model.tfrecords import dataset_dir, write_dataset
 from tasks.tracking import resolve_tracking
 
+pytestmark = pytest.mark.slow  # trains, or starts servers or processes
+
 TINY_TRAINING = {
     "dataset": "tiny",
     "epochs": 2,

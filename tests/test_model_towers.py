@@ -13,6 +13,8 @@ from model.networks import build_network
 from model.noise_scale import noise_estimates
 from model.towers import TowerTrainer, shard_sizes
 
+pytestmark = pytest.mark.slow  # trains, or starts servers or processes
+
 
 def test_averaged_towers_equal_one_device_and_sum_is_k_times_mean():
     towers = fixtures_model.LOGICAL_CPUS

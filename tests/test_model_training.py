@@ -13,6 +13,8 @@ from model.records import EpochRecord
 from model.stability import diverged, instability
 from model.tfrecords import dataset_dir, load_manifest
 
+pytestmark = pytest.mark.slow  # trains, or starts servers or processes
+
 TEST_EXAMPLES = 103  # not a multiple of any evaluation batch used here
 
 

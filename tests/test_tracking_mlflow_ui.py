@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import fixtures_model
+import pytest
 from mlflow.tracking import MlflowClient
 
 from flows.telemetry import OPT_IN
@@ -25,6 +26,8 @@ from tasks.tracking import (
 )
 from tasks.train import run_training_process
 from tasks.train_worker import WorkerRequest
+
+pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -33,7 +33,7 @@ from model.sweep import expand
 
 # Prefect starts a temporary API server when none is configured; its default 20 s start-up
 # budget is too short on a busy 2-core machine.
-EPHEMERAL_STARTUP_SECONDS = "120"
+EPHEMERAL_STARTUP_SECONDS = 120
 
 TRAIN_LIST_FIELDS = frozenset(name for name in TrainConfig.model_fields if name not in SWEEP_AXES)
 DEFAULT_PARAMS = Path("params.yaml")
@@ -42,16 +42,16 @@ DEFAULT_PARAMS = Path("params.yaml")
 def _prepare_prefect(tracking_uri: str | None) -> None:
     """Servers checked (one line and exit 2 if one is down), then TensorFlow and Prefect's
     temporary server started as ours (when no API URL is set)."""
+    os.environ.setdefault(
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(EPHEMERAL_STARTUP_SECONDS)
+    )
     from tasks.preflight import check_servers
 
     check_servers(tracking_uri)  # before the slow imports and any training
-    os.environ.setdefault(
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_SECONDS
-    )
     import_tensorflow()
     from flows.temporary_server import start_owned_temporary_server
 
-    start_owned_temporary_server()
+    start_owned_temporary_server(EPHEMERAL_STARTUP_SECONDS)
 
 
 def _training_overrides(args: argparse.Namespace) -> list[Override]:
