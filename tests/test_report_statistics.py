@@ -213,3 +213,21 @@ def test_loss_paradox_is_explained_from_the_measured_losses() -> None:
     assert "gap of 0.400 vs 0.100" in text
     rows, _ = compare(one, [], None)
     assert "no loss paradox was measured" in loss_paradox(rows)
+
+
+def test_rendered_tables_fit_a_page_and_figures_can_be_embedded() -> None:
+    from tasks.report.render import ReportHeader, render_report
+
+    records = [_record(1, "none", s, a) for s, a in enumerate([0.86, 0.862])]
+    records += [_record(4, "linear", s, a) for s, a in enumerate([0.85, 0.87])]
+    rows, target = compare(records, [], None)
+    header = ReportHeader(
+        "sweep", "run-id", "http://mlflow/#/run-id", "v1", ["logical CPU"], target
+    )
+    text = render_report(
+        header, rows, records, {"accuracy_vs_epoch.png": "data:image/png;base64,AA"}
+    )
+    table_headers = [line for line in text.splitlines() if line.startswith("| configuration |")]
+    assert len(table_headers) == 4 and all(line.count("|") <= 7 for line in table_headers)
+    assert "![accuracy_vs_epoch.png](data:image/png;base64,AA)" in text
+    assert "](accuracy_vs_epoch.png)" not in text

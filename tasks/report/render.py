@@ -90,13 +90,18 @@ def _loss(key: str) -> Callable[[GroupRow], str]:
     return lambda row: number(row.losses.get(key), ".3f")
 
 
-ACCURACY_COLUMNS: list[Column] = [
+# Tables of six columns at most, so they fit the Prefect and MLflow pages.
+SETUP_COLUMNS: list[Column] = [
     ("configuration", lambda row: row.group),
     ("global batch", lambda row: str(row.config.global_batch)),
     ("peak LR", _peak_lr),
     ("epochs", lambda row: f"{row.config.epochs:g}"),
     ("updates", lambda row: number(row.steps, ".0f")),
     ("seeds ok", lambda row: f"{_completed(row)}/{len(row.runs)}"),
+]
+
+ACCURACY_COLUMNS: list[Column] = [
+    ("configuration", lambda row: row.group),
     ("test accuracy", _accuracy),
     ("Δ vs 1 tower", _difference),
     ("95% CI", _interval),
@@ -110,7 +115,6 @@ LOSS_COLUMNS: list[Column] = [
     ("train total", _loss("train_total_loss")),
     ("test cross-entropy", _loss("test_cross_entropy")),
     ("gap (test − train)", _loss("generalization_gap")),
-    ("test accuracy", _accuracy),
 ]
 
 
@@ -249,6 +253,10 @@ def render_report(
         f"MLflow parent run: [{header.parent_run_id}]({header.run_link}) · data version "
         f"`{header.data_version}` · devices: {', '.join(header.device_kinds) or 'unknown'} · "
         f"time-to-accuracy target {pct(header.target)}",
+        "",
+        "## Configurations",
+        "",
+        table(SETUP_COLUMNS, rows),
         "",
         "## Accuracy",
         "",
