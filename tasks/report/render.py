@@ -110,11 +110,11 @@ ACCURACY_COLUMNS: list[Column] = [
 
 LOSS_COLUMNS: list[Column] = [
     ("configuration", lambda row: row.group),
-    ("train cross-entropy", _loss("train_cross_entropy")),
+    ("train CE", _loss("train_cross_entropy")),
     ("weight decay", _loss("train_weight_decay_loss")),
     ("train total", _loss("train_total_loss")),
-    ("test cross-entropy", _loss("test_cross_entropy")),
-    ("gap (test − train)", _loss("generalization_gap")),
+    ("test CE", _loss("test_cross_entropy")),
+    ("test − train CE", _loss("generalization_gap")),
 ]
 
 
@@ -268,7 +268,16 @@ def render_report(
     for row in rows:
         notes = "".join(f"; {note}" for note in row.notes)
         parts.append(f"- **{row.group}**: {row.verdict}{notes}")
-    parts += ["", "## Losses", "", table(LOSS_COLUMNS, rows), "", loss_paradox(rows)]
+    parts += [
+        "",
+        "## Losses",
+        "",
+        "Cross-entropy (CE) of the last epoch; weight decay is the L2 term added to it.",
+        "",
+        table(LOSS_COLUMNS, rows),
+        "",
+        loss_paradox(rows),
+    ]
     if any(row.config.model in ("tutorial_bn", "resnet20") for row in rows):
         parts += [
             "",
