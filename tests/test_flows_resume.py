@@ -111,26 +111,22 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_a_sweep_killed_in_its_third_configuration_resumes_where_it_stopped(project):
-    finished, (status, _, _) = _start_and_stop_during(project, 3, lambda p: p.kill())
-    assert status == -signal.SIGKILL and len(finished) == 2
+def test_ctrl_c_then_a_kill_and_the_same_command_finishes_the_sweep_once(project):
+    """One sweep stopped twice: Ctrl-C in its second configuration, then SIGKILL in the third
+    configuration of the resumed sweep; the third attempt finishes it under the same parent."""
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
-    interrupted = _children(client)[2]
-    assert interrupted.info.status == "KILLED"  # marked by its worker, not left RUNNING
-    assert "resume" in interrupted.data.tags["towerbench.error"]
-    _resume_and_check(project, finished)
-
-
-def test_one_ctrl_c_stops_the_sweep_within_10_s_with_status_130(project):
-    finished, (status, elapsed, stderr) = _start_and_stop_during(
+    first_done, (status, elapsed, stderr) = _start_and_stop_during(
         project, 2, lambda p: os.killpg(p.pid, signal.SIGINT)
     )
     assert status == 130 and elapsed < 10, stderr[-2000:]
     last = stderr.strip().splitlines()[-1]
     assert last == "towerbench sweep: interrupted; run the same command again to resume"
-    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
-    assert {
-        run.info.status
-        for run in client.search_runs([e.experiment_id for e in client.search_experiments()])
-    } <= {"FINISHED", "KILLED"}
-    _resume_and_check(project, finished)
+    every_run = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert {run.info.status for run in every_run} <= {"FINISHED", "KILLED"}
+
+    done, (status, _, _) = _start_and_stop_during(project, 3, lambda p: p.kill())
+    assert status == -signal.SIGKILL and len(done) == 2 and done[:1] == first_done
+    interrupted = _children(client)[2]
+    assert interrupted.info.status == "KILLED"  # marked by its worker, not left RUNNING
+    assert "resume" in interrupted.data.tags["towerbench.error"]
+    _resume_and_check(project, done)
