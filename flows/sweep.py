@@ -18,6 +18,7 @@ from mlflow.entities import RunStatus
 from mlflow.exceptions import MlflowException
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact
+from prefect.exceptions import TerminationSignal
 
 from model.config import DataConfig, ReportConfig, SweepConfig, TrackingConfig, TrainConfig
 from model.errors import TowerbenchError
@@ -188,7 +189,7 @@ def sweep(
             )
         report_path = make_report(tracking, parent_run_id, report)
         status = RunStatus.FINISHED
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit, TerminationSignal):  # Prefect's own SIGTERM signal
         status = RunStatus.KILLED
         raise
     except MlflowException as error:
