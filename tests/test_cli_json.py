@@ -12,8 +12,6 @@ from pathlib import Path
 
 import fixtures_model
 import pytest
-from prefect.settings import PREFECT_API_URL
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import main
 from flows.console import as_json
@@ -36,48 +34,6 @@ def params_file(tmp_path_factory) -> Path:
     fixtures_model.write_digits(project / "data", train=128, test=64)
     (project / "params.yaml").write_text(PARAMS)
     return project / "params.yaml"
-
-
-@pytest.fixture(scope="module")
-def prefect_api_url():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield PREFECT_API_URL.value()
-
-
-def towerbench(*argv: str, cwd: Path, **environment: str) -> subprocess.CompletedProcess:
-    """The real command line in its own process, stdout and stderr kept apart."""
-    return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *argv],
-        cwd=cwd,
-        env=dict(os.environ, PYTHONPATH=str(ROOT), **environment),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
-@pytest.mark.slow
-def test_sweep_json_is_the_whole_of_stdout(
-    prefect_api_url: str, params_file: Path, tmp_path: Path
-) -> None:
-    # The API of the test server: the command does not start a temporary server of its own.
-    completed = towerbench(
-        "sweep",
-        "--params",
-        str(params_file),
-        "--json",
-        cwd=tmp_path,
-        PREFECT_API_URL=prefect_api_url,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    document = json.loads(completed.stdout)
-    assert [config["status"] for config in document["configs"]] == ["completed"]
-    # The file's tracking and report sections were used, relative to the file.
-    project = params_file.parent
-    assert Path(document["report"]).is_relative_to(project / "reports")
-    assert (project / "mlflow.db").is_file()
-    assert f"MLflow parent run: {document['parent_run_id']}" in completed.stderr
-    assert completed.stderr.count("Could not find cuda drivers") <= 1
 
 
 @pytest.mark.slow

@@ -7,12 +7,16 @@ import contextlib
 import hashlib
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
+from prefect.settings import PREFECT_API_URL
 from prefect.testing.utilities import prefect_test_harness
 from sklearn.datasets import load_digits
 
@@ -22,6 +26,8 @@ from model.tfrecords import dataset_dir, write_dataset
 from tasks.tracking import resolve_tracking
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY_TRAINING = {
     "dataset": "tiny",
@@ -35,12 +41,6 @@ TINY_TRAINING = {
     "contrast_lower": 1.0,
     "contrast_upper": 1.0,
 }
-
-
-@pytest.fixture(scope="session")
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 def write_tiny_digits(data_dir: Path) -> None:
@@ -58,51 +58,62 @@ def write_tiny_digits(data_dir: Path) -> None:
     )
 
 
+# Paths relative to the file's folder; the command runs from another folder.
+PARAMS = """\
+data: {data_dir: data}
+tracking: {tracking_uri: "sqlite:///mlflow.db"}
+report: {report_dir: reports}
+"""
+
+
 @pytest.fixture(scope="module")
-def finished_sweep(prefect_harness, tmp_path_factory):
-    """`towerbench sweep --json`: towers 1 and 2 on the tiny set and on a dataset that does not
-    exist (those runs fail). Returns the JSON summary, the tracking settings and the folder."""
+def prefect_api_url():
+    with prefect_test_harness(server_startup_timeout=120):
+        yield PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(prefect_api_url, tmp_path_factory):
+    """`towerbench sweep --params FILE --json` as a user runs it, in its own process, against
+    the test's Prefect server (whose artifacts a test reads afterwards): towers 1 and 2 on the
+    tiny set and on a dataset that does not exist (those runs fail). Returns the JSON summary,
+    the tracking settings, the folder and stderr."""
     root = tmp_path_factory.mktemp("sweep")
     write_tiny_digits(root / "data")
-    tracking = resolve_tracking(TrackingConfig(tracking_uri=f"sqlite:///{root / 'mlflow.db'}"))
+    (root / "params.yaml").write_text(PARAMS)
     training = [
         f"--{key.replace('_', '-')}={'none' if value is None else value}"
         for key, value in TINY_TRAINING.items()
         if key != "dataset"
     ]
-    capture = io.StringIO()
-    with contextlib.redirect_stdout(capture):
-        status = main(
-            [
-                "sweep",
-                "--dataset",
-                "absent,tiny",
-                "--towers",
-                "1,2",
-                "--seeds",
-                "0",
-                "--lr-scaling",
-                "linear",
-                "--warmup-epochs",
-                "0",
-                "--per-tower-batch",
-                "32",
-                *training,
-                "--data-dir",
-                str(root / "data"),
-                "--tracking-uri",
-                tracking.tracking_uri,
-                "--report-dir",
-                str(root / "reports"),
-                "--json",
-            ]
-        )
-    assert status == 0, capture.getvalue()
-    return json.loads(capture.getvalue().strip().splitlines()[-1]), tracking, root
+    options = ["--dataset=absent,tiny", "--towers=1,2", "--seeds=0", "--lr-scaling=linear"]
+    options += ["--warmup-epochs=0", "--per-tower-batch=32", *training]
+    completed = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "sweep", "--params", str(root / "params.yaml")]
+        + [*options, "--json"],
+        cwd=tmp_path_factory.mktemp("elsewhere"),
+        env=dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=prefect_api_url),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    tracking = resolve_tracking(TrackingConfig(tracking_uri=f"sqlite:///{root / 'mlflow.db'}"))
+    return json.loads(completed.stdout), tracking, root, completed.stderr
+
+
+def test_json_is_the_whole_of_stdout_and_the_files_sections_are_used(finished_sweep) -> None:
+    """Progress and logs (of Prefect, MLflow and the training processes) went to stderr; the
+    file's tracking and report sections were used, relative to the file."""
+    outcome, _, root, stderr = finished_sweep
+    assert Path(outcome["report"]).is_relative_to(root / "reports")
+    assert (root / "mlflow.db").is_file()
+    assert f"MLflow parent run: {outcome['parent_run_id']}" in stderr
+    assert stderr.count("Could not find cuda drivers") <= 1
 
 
 def test_sweep_records_parent_and_one_nested_run_per_configuration(finished_sweep) -> None:
-    outcome, tracking, _ = finished_sweep
+    outcome, tracking, *_ = finished_sweep
     client = MlflowClient(tracking.tracking_uri)
     parent = client.get_run(outcome["parent_run_id"])
     assert parent.data.tags["towerbench.kind"] == "sweep"
@@ -145,7 +156,7 @@ def test_sweep_records_parent_and_one_nested_run_per_configuration(finished_swee
 
 
 def _completed(finished_sweep):
-    outcome, tracking, _ = finished_sweep
+    outcome, tracking, *_ = finished_sweep
     client = MlflowClient(tracking.tracking_uri)
     return client, [
         client.get_run(config["run_id"])
@@ -155,7 +166,7 @@ def _completed(finished_sweep):
 
 
 def test_completed_runs_carry_params_metrics_data_version_and_artifacts(finished_sweep) -> None:
-    _, _, root = finished_sweep
+    _, _, root, _ = finished_sweep
     client, runs = _completed(finished_sweep)
     for run in runs:
         params, metrics = run.data.params, run.data.metrics
@@ -204,7 +215,7 @@ def accuracy_on_test_split(model, config: TrainConfig, data_dir: Path) -> float:
 def test_logged_model_loads_and_reproduces_the_logged_accuracy(finished_sweep) -> None:
     import model.networks  # noqa: F401 - registers the custom layers for loading
 
-    _, tracking, root = finished_sweep
+    _, tracking, root, _ = finished_sweep
     _, runs = _completed(finished_sweep)
     mlflow.set_tracking_uri(tracking.tracking_uri)  # `models:/<id>` resolves in this store
     for run in runs:
@@ -214,8 +225,8 @@ def test_logged_model_loads_and_reproduces_the_logged_accuracy(finished_sweep) -
         assert accuracy == pytest.approx(run.data.metrics["test_accuracy"], abs=1e-6)
 
 
-def test_report_file_mlflow_copy_and_report_command(finished_sweep, capsys) -> None:
-    outcome, tracking, root = finished_sweep
+def test_report_file_mlflow_copy_and_report_command(finished_sweep) -> None:
+    outcome, tracking, root, _ = finished_sweep
     report = Path(outcome["report"])
     text = report.read_text()
     assert "| towers=2 agg=mean lr=linear warmup=0 dataset=tiny |" in text
@@ -247,29 +258,31 @@ def test_report_file_mlflow_copy_and_report_command(finished_sweep, capsys) -> N
     assert "delta_pp/towers-2_agg-mean_lr-linear_warmup-0_dataset-tiny" in parent_metrics
     assert "## Losses" in text and "| train CE |" in text
 
-    status = main(
-        [
-            "report",
-            "--sweep",
-            outcome["parent_run_id"],
-            "--tracking-uri",
-            tracking.tracking_uri,
-            "--report-dir",
-            str(root / "again"),
-            "--target-accuracy",
-            "0.2",
-        ]
-    )
-    printed = Path(capsys.readouterr().out.strip().splitlines()[-1])
-    assert status == 0 and printed.parent.parent == root / "again"
-    assert "s to 20.0%" in printed.read_text()
+    printed = io.StringIO()  # not capsys: Prefect's log handler would keep its stream past the test
+    with contextlib.redirect_stdout(printed):
+        status = main(
+            [
+                "report",
+                "--sweep",
+                outcome["parent_run_id"],
+                "--tracking-uri",
+                tracking.tracking_uri,
+                "--report-dir",
+                str(root / "again"),
+                "--target-accuracy",
+                "0.2",
+            ]
+        )
+    report_again = Path(printed.getvalue().strip().splitlines()[-1])
+    assert status == 0 and report_again.parent.parent == root / "again"
+    assert "s to 20.0%" in report_again.read_text()
 
 
 def test_prefect_artifacts_progress_and_report_linking_the_parent_run(finished_sweep) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    outcome, _, _ = finished_sweep
+    outcome, *_ = finished_sweep
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["sweep-report"]))
@@ -294,7 +307,7 @@ def test_benchmark_report_compares_with_the_previous_benchmark(finished_sweep) -
     from model.config import ReportConfig
     from tasks.report import write_report
 
-    outcome, tracking, root = finished_sweep
+    outcome, tracking, root, _ = finished_sweep
     client = MlflowClient(tracking.tracking_uri)
     earlier = client.get_run(outcome["parent_run_id"])
     client.set_tag(earlier.info.run_id, "towerbench.flow", "benchmark")
