@@ -7,14 +7,17 @@ from typing import Any
 
 from prefect import flow
 
+from flows.params import load
 from flows.pipeline import run_pipeline
-from model.config import Params, PipelineConfig
 
 
 @flow(name="benchmark")
-def benchmark(
-    config: PipelineConfig = Params().benchmark_pipeline(Path(".")),  # noqa: B008
-) -> dict[str, Any]:
+def benchmark(params_file: str = "params.yaml") -> dict[str, Any]:
     """The pipeline with the benchmark's fixed sweep; its report compares with the previous
-    finished benchmark in the same experiment (same configurations, data version shown)."""
-    return run_pipeline(config, "benchmark")
+    finished benchmark in the same experiment (same configurations, data version shown).
+
+    Args:
+        params_file: The params.yaml whose `benchmark:` section fixes the sweep.
+    """
+    path = Path(params_file)
+    return run_pipeline(load(path).benchmark_pipeline(path.resolve().parent), "benchmark")

@@ -34,7 +34,7 @@ def prefect_api_url() -> str | None:
     return PREFECT_API_URL.value() or None
 
 
-def serve(params: Params, project_dir: Path) -> None:
+def serve(params: Params, params_path: Path) -> None:
     """Register and serve `pipeline` (run on demand) and `benchmark` (on its cron) until stopped.
 
     Needs a Prefect server: in Prefect's ephemeral mode nobody could trigger a run and the
@@ -52,19 +52,20 @@ def serve(params: Params, project_dir: Path) -> None:
 
     from flows.benchmark import benchmark
     from flows.pipeline import pipeline
+    from flows.run_form import form_parameters
 
     # Module entrypoints: the served runs import the flows by name, whatever the working directory.
     on_demand = pipeline.to_deployment(
         name=PIPELINE_DEPLOYMENT,
-        parameters={"config": params.pipeline(project_dir).model_dump(mode="json")},
-        description="fetch -> preprocess (DVC) -> sweep -> report, with the settings of "
-        "params.yaml as the form's defaults.",
+        parameters=form_parameters(params, params_path),
+        description=f"fetch -> preprocess (DVC) -> sweep -> report. The form starts from "
+        f"`{params_path.resolve()}`; settings it does not show come from that file.",
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
     scheduled = benchmark.to_deployment(
         name=BENCHMARK_DEPLOYMENT,
         schedule=Cron(params.benchmark.cron, timezone=params.benchmark.timezone),
-        parameters={"config": params.benchmark_pipeline(project_dir).model_dump(mode="json")},
+        parameters={"params_file": str(params_path.resolve())},
         # The UI's schedule label leaves the time zone out; say it here.
         description=f"The fixed benchmark sweep at `{params.benchmark.cron}` "
         f"({params.benchmark.timezone}), compared with its previous run.",

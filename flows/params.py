@@ -64,6 +64,15 @@ class Override:
         return (*SECTIONS[self.section], self.field)
 
 
+def override_at(dotted_key: str, value: Any, option: str) -> Override:
+    """The override of params.yaml's `section.field` (e.g. `train.base_lr`), named `option`."""
+    *section, field = dotted_key.split(".")
+    for model, key in SECTIONS.items():
+        if key == tuple(section) and field in model.model_fields:
+            return Override(model, field, value, option)
+    raise TowerbenchError(f"{option}: no setting {dotted_key!r} in params.yaml")
+
+
 def read_sections(path: Path) -> dict[str, Any]:
     """The raw sections of a params file, with a clear error for a missing file or bad YAML."""
     try:

@@ -7,8 +7,11 @@ from typing import Any
 
 from prefect import flow
 
-from flows.sweep import FlowKind, sweep
-from model.config import PipelineConfig
+from flows.params import load
+from flows.run_form import DatasetChoice, SweepChoice, form_overrides
+from flows.sweep import FlowKind
+from flows.sweep import sweep as sweep_flow
+from model.config import PipelineConfig, TrainConfig
 from model.errors import TowerbenchError
 from model.sources import dataset_name
 from tasks.fetch import fetch_task
@@ -29,9 +32,9 @@ def check_trains_on_fetched_data(config: PipelineConfig) -> None:
 def run_pipeline(config: PipelineConfig, kind: FlowKind, fresh: bool = False) -> dict[str, Any]:
     """Bring the data up to date through DVC, then sweep with its hash as the data version."""
     check_trains_on_fetched_data(config)
-    fetch_task(config.project_dir, config.fetch)
-    data_version = preprocess_task(config.project_dir, config.preprocess)
-    outcome = sweep(
+    stages = fetch_task(config.project_dir, config.fetch, config.preprocess, config.data.data_dir)
+    data_version = preprocess_task(stages)
+    outcome = sweep_flow(
         sweep=config.sweep,
         tracking=config.tracking,
         report=config.report,
@@ -48,9 +51,26 @@ def run_pipeline(config: PipelineConfig, kind: FlowKind, fresh: bool = False) ->
 
 @flow(name="pipeline")
 def pipeline(
-    config: PipelineConfig = PipelineConfig(),  # noqa: B008
+    dataset: DatasetChoice = DatasetChoice(),  # type: ignore[valid-type]  # noqa: B008
+    sweep: SweepChoice = SweepChoice(),  # type: ignore[valid-type]  # noqa: B008
+    epochs: float = TrainConfig.model_fields["epochs"].default,
+    advanced: dict[str, Any] | None = None,
+    params_file: str = "params.yaml",
     fresh: bool = False,
 ) -> dict[str, Any]:
     """Fetch and preprocess the dataset (DVC), train every configuration, write the report.
-    Runs again over an unfinished identical sweep resume it, unless `fresh`."""
+
+    Args:
+        dataset: The dataset to fetch, preprocess and train on. One that params.yaml does not
+            describe is built by DVC in datasets/NAME/ beside it; params.yaml is not edited.
+        sweep: The lists to compare; one run per combination and seed.
+        epochs: Epochs of the reference batch (see sweep.budget).
+        advanced: Any other setting, keyed as in params.yaml, e.g. {"train.base_lr": 0.05}.
+        params_file: The params.yaml every other setting comes from.
+        fresh: Start anew even if an identical sweep was interrupted (default: resume it).
+    """
+    path = Path(params_file)
+    in_file = load(path, resolve_tracking=False)
+    overrides = form_overrides(dataset, sweep, epochs, advanced or {}, in_file.fetch)
+    config = load(path, overrides).pipeline(path.resolve().parent)
     return run_pipeline(config, "pipeline", fresh)

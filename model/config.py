@@ -39,7 +39,7 @@ class FetchConfig(StrictModel):
     url: str | None = Field(
         None,
         description="Mirror URL, file:// URL or local path of the archive; for imagefolder, "
-        "the directory or zip laid out <root>/<split>/<class>/<image>.",
+        "the directory or zip laid out ROOT/SPLIT/CLASS/IMAGE.",
     )
     md5: str | None = Field(
         None, pattern=r"^[0-9a-fA-F]{32}$", description="Expected md5 of the archive."
@@ -375,7 +375,7 @@ class TrackingConfig(StrictModel):
         "SQLite file (server URIs: the server's default).",
     )
     experiment: str | None = Field(
-        None, min_length=1, description="Experiment name; default: towerbench-<dataset>-<model>."
+        None, min_length=1, description="Experiment name; default: towerbench-DATASET-MODEL."
     )
     ui_url: str = Field(
         "http://127.0.0.1:5000", description="MLflow UI address used in report links."

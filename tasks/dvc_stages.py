@@ -2,6 +2,8 @@
 
 `dvc repro` rebuilds only the stages that are stale; the DVC content hash of
 DATA_DIR/tfrecords/<name> in dvc.lock becomes the data version recorded with every MLflow run.
+A dataset params.yaml does not describe (another one chosen in the Prefect form) is built by the
+same stages in a folder of its own, so the user's params.yaml is never edited.
 """
 
 from __future__ import annotations
@@ -10,18 +12,23 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from model.config import FetchConfig, PreprocessConfig
+from model.config import DataConfig, FetchConfig, PreprocessConfig
 from model.errors import TowerbenchError
+from model.sources import dataset_name
+from model.sources.layout import write_atomically
 
 FETCH_STAGE = "fetch"
 PREPROCESS_STAGE = "preprocess"
 PARAMS_FILE = "params.yaml"
+STAGES_FILE = "dvc.yaml"
+FORM_DATASETS = "datasets"  # beside params.yaml: stage folders of the datasets it does not describe
 # How model/sources/download.py says it gave up on dropped connections or 5xx answers after its
 # own retries; a later attempt resumes the partial file (tests/test_flows_fetch_retries.py).
 _DOWNLOAD_GAVE_UP = re.compile(r"download failed after \d+ attempt")
@@ -71,38 +78,87 @@ def _differences(asked: Any, declared: Any, key: str) -> list[str]:
     return [f"{key}: {asked!r} in the form, {declared!r} in params.yaml"]
 
 
-def _check_matches_params(repo: Path, expected: dict[str, BaseModel]) -> None:
-    """DVC stages read params.yaml; refuse silently building something other than asked."""
-    path = repo / PARAMS_FILE
+def _declared(project: Path, sections: dict[str, BaseModel]) -> dict[str, BaseModel]:
+    """params.yaml's own values of `sections`, validated by the same models."""
+    path = project / PARAMS_FILE
     document = yaml.safe_load(path.read_text()) or {}
-    differences = []
-    for section, config in expected.items():
+    declared = {}
+    for section, config in sections.items():
         try:
-            declared = type(config).model_validate(document.get(section) or {})
+            declared[section] = type(config).model_validate(document.get(section) or {})
         except ValidationError as error:
             problem = error.errors()[0]
             field = ".".join(str(part) for part in (section, *problem["loc"]))
             raise TowerbenchError(f"{path}: {field}: {problem['msg']}") from None
-        differences += sorted(
-            _differences(config.model_dump(mode="json"), declared.model_dump(mode="json"), section)
+    return declared
+
+
+@dataclass(frozen=True)
+class DataStages:
+    """Where `dvc repro` builds a dataset: params.yaml's own stages (`folder` is the project), or
+    the stage folder FORM_DATASETS/<name>/ of a dataset params.yaml does not describe."""
+
+    project: Path
+    folder: Path
+
+    def target(self, stage: str) -> str:
+        if self.folder == self.project:
+            return stage
+        return f"{self.folder.relative_to(self.project)}/dvc.yaml:{stage}"
+
+
+def data_stages(
+    project: Path, fetch: FetchConfig, preprocess: PreprocessConfig, data_dir: Path
+) -> DataStages:
+    """The stages that build `fetch` + `preprocess` into `data_dir`, without editing params.yaml.
+
+    Settings equal to params.yaml's use its stages. Others get a stage folder of their own beside
+    it, `datasets/<name>/` with the project's dvc.yaml and a params.yaml of these settings: DVC
+    versions that data like any other (`dvc repro`, `dvc push` and `dvc status` see it).
+    """
+    project = Path(project).resolve()
+    name = dataset_name(fetch)
+    asked = {"fetch": fetch.model_copy(update={"name": name}), "preprocess": preprocess}
+    declared = _declared(project, asked)
+    own_name = dataset_name(declared["fetch"])
+    declared["fetch"] = declared["fetch"].model_copy(update={"name": own_name})
+    differences = sorted(
+        difference
+        for section, config in asked.items()
+        for difference in _differences(
+            config.model_dump(mode="json"), declared[section].model_dump(mode="json"), section
         )
-    if differences:
+    )
+    declared_data = _declared(project, {"data": DataConfig()})["data"]
+    same_data_dir = (project / declared_data.data_dir).resolve() == Path(data_dir).resolve()
+    if not differences and same_data_dir:
+        return DataStages(project, project)
+    if name == own_name and differences:
         raise TowerbenchError(
-            f"{path}: {'; '.join(differences)} (DVC builds the data from params.yaml: "
-            "change it there, or leave the form's value as it was)"
+            f"{project / PARAMS_FILE}: {'; '.join(differences)} (the form's dataset has "
+            f"params.yaml's name {name!r} but other settings: give it another name, or leave "
+            "the settings as they are)"
         )
+    folder = project / FORM_DATASETS / name
+    folder.mkdir(parents=True, exist_ok=True)
+    params = {
+        "fetch": asked["fetch"].model_dump(mode="json", exclude_defaults=True),
+        "preprocess": preprocess.model_dump(mode="json", exclude_defaults=True),
+        "data": {"data_dir": os.path.relpath(Path(data_dir).resolve(), folder)},
+    }
+    write_atomically(folder / PARAMS_FILE, yaml.safe_dump(params, sort_keys=False).encode())
+    write_atomically(folder / STAGES_FILE, (project / STAGES_FILE).read_bytes())
+    return DataStages(project, folder)
 
 
-def repro_stage(repo: Path, stage: str, expected: dict[str, BaseModel | None]) -> None:
-    """`dvc repro STAGE` in `repo` (and the stages it depends on), after checking that the
-    params.yaml sections in `expected` are the settings the caller asked for."""
-    _check_matches_params(Path(repo), {key: value for key, value in expected.items() if value})
-    _run_dvc(Path(repo), "repro", stage)
+def repro_stage(stages: DataStages, stage: str) -> None:
+    """`dvc repro STAGE` (and the stages it depends on) where `stages` says."""
+    _run_dvc(stages.project, "repro", stages.target(stage))
 
 
-def data_version(repo: Path) -> str:
-    """The DVC md5 of the preprocessed TFRecords folder (`<hex>.dir`), from dvc.lock."""
-    lock_path = Path(repo) / "dvc.lock"
+def data_version(folder: Path) -> str:
+    """The DVC md5 of the preprocessed TFRecords folder (`<hex>.dir`), from `folder`'s dvc.lock."""
+    lock_path = Path(folder) / "dvc.lock"
     lock = yaml.safe_load(lock_path.read_text())
     try:
         return lock["stages"][PREPROCESS_STAGE]["outs"][0]["md5"]
@@ -112,14 +168,7 @@ def data_version(repo: Path) -> str:
         ) from None
 
 
-def update_dataset(
-    repo: Path,
-    fetch: FetchConfig | None = None,
-    preprocess_config: PreprocessConfig | None = None,
-) -> str:
-    """Fetch and preprocess through DVC in `repo`; return the data version (see data_version).
-
-    If `fetch`/`preprocess_config` are given they must equal params.yaml's sections.
-    """
-    repro_stage(repo, PREPROCESS_STAGE, {"fetch": fetch, "preprocess": preprocess_config})
-    return data_version(repo)
+def update_dataset(stages: DataStages) -> str:
+    """Fetch and preprocess through DVC; return the data version (see data_version)."""
+    repro_stage(stages, PREPROCESS_STAGE)
+    return data_version(stages.folder)

@@ -7,8 +7,8 @@ from pathlib import Path
 from prefect import Task, task
 from prefect.client.schemas.objects import State, TaskRun
 
-from model.config import FetchConfig
-from tasks.dvc_stages import FETCH_STAGE, StageError, repro_stage
+from model.config import FetchConfig, PreprocessConfig
+from tasks.dvc_stages import FETCH_STAGE, DataStages, StageError, data_stages, repro_stage
 
 RETRY_DELAYS_SECONDS = [10, 60]
 
@@ -26,6 +26,11 @@ def transient_io_failure(task: Task, task_run: TaskRun, state: State) -> bool:  
     retry_delay_seconds=RETRY_DELAYS_SECONDS,
     retry_condition_fn=transient_io_failure,
 )
-def fetch_task(repo: Path, config: FetchConfig) -> None:
-    """`dvc repro fetch` in `repo`: downloads only when the raw data is stale."""
-    repro_stage(repo, FETCH_STAGE, {"fetch": config})
+def fetch_task(
+    project: Path, fetch: FetchConfig, preprocess: PreprocessConfig, data_dir: Path
+) -> DataStages:
+    """`dvc repro fetch` of the stages that build this dataset (params.yaml's, or its own
+    folder's): downloads only when the raw data is stale."""
+    stages = data_stages(project, fetch, preprocess, data_dir)
+    repro_stage(stages, FETCH_STAGE)
+    return stages

@@ -8,10 +8,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
+from model.config import FetchConfig, PreprocessConfig
 from model.errors import TowerbenchError
 from model.tfrecords import dataset_dir, load_manifest
-from tasks.dvc_stages import _run_dvc, update_dataset
+from tasks.dvc_stages import DataStages, _run_dvc, data_stages, update_dataset
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
@@ -31,12 +33,12 @@ def repo(tmp_path):
 
 
 def test_repro_status_push_pull_and_content_hash(repo):
-    version = update_dataset(repo)
+    version = update_dataset(DataStages(repo, repo))
     assert version.endswith(".dir")
     manifest = load_manifest(dataset_dir(repo / "data", "digits"))
     assert "up to date" in _run_dvc(repo, "status").stdout
     # A second call rebuilds nothing and reports the same version.
-    assert update_dataset(repo) == version
+    assert update_dataset(DataStages(repo, repo)) == version
 
     _run_dvc(repo, "push")
     shutil.rmtree(repo / "data" / "tfrecords")
@@ -49,11 +51,24 @@ def test_repro_status_push_pull_and_content_hash(repo):
     params = repo / "params.yaml"
     params.write_text(params.read_text().replace("shards: 4", "shards: 2"))
     assert "preprocess" in _run_dvc(repo, "status").stdout
-    assert update_dataset(repo) != version
+    assert update_dataset(DataStages(repo, repo)) != version
 
 
-def test_settings_other_than_params_yaml_are_refused(repo):
-    from model.config import FetchConfig
-
-    with pytest.raises(TowerbenchError, match="params.yaml"):
-        update_dataset(repo, FetchConfig(source="cifar10", name="cifar10"))
+def test_a_dataset_params_yaml_does_not_describe_is_built_beside_it(repo):
+    """Other settings (a form's) get a DVC stage folder of their own; params.yaml is not edited."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "project"], cwd=repo, check=True)
+    own = update_dataset(DataStages(repo, repo))
+    other = PreprocessConfig(shards=2)
+    stages = data_stages(repo, FetchConfig(name="digits-2"), other, repo / "data")
+    assert stages.folder == repo / "datasets" / "digits-2"
+    version = update_dataset(stages)
+    lock = yaml.safe_load((stages.folder / "dvc.lock").read_text())
+    assert version == lock["stages"]["preprocess"]["outs"][0]["md5"] != own
+    assert len(load_manifest(dataset_dir(repo / "data", "digits-2")).splits["train"].files) == 2
+    assert subprocess.run(["git", "diff", "--exit-code", "params.yaml"], cwd=repo).returncode == 0
+    assert "up to date" in _run_dvc(repo, "status").stdout  # DVC tracks both datasets
+    # The same name with other settings would overwrite params.yaml's data: refused by field.
+    with pytest.raises(TowerbenchError, match=r"preprocess.shards: 2 in the form, 4 in params"):
+        data_stages(repo, FetchConfig(name="digits"), other, repo / "data")

@@ -137,21 +137,53 @@ def served_project(tmp_path_factory):
                 os.killpg(process.pid, signal.SIGKILL)
 
 
-def test_served_pipeline_runs_from_the_client_and_fills_mlflow(served_project) -> None:
+def test_the_run_form_asks_each_setting_once(served_project) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    project, api, processes, logs = served_project
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name(PIPELINE)
+    schema = deployment.parameter_openapi_schema
+    assert list(schema["properties"]) == [
+        "dataset",
+        "sweep",
+        "epochs",
+        "advanced",
+        "params_file",
+        "fresh",
+    ]
+    names = [
+        field for group in schema["definitions"].values() for field in group.get("properties", {})
+    ] + list(schema["properties"])
+    assert len(names) == len(set(names)) == 15, names  # 3 dataset + 6 sweep + 6 fields
+    assert all("<" not in str(group) for group in schema["definitions"].values())
+    assert deployment.parameters["params_file"] == str(project / "params.yaml")
+    assert deployment.parameters["sweep"]["towers"] == [2]  # params.yaml's values
+
+
+def test_a_dataset_other_than_params_yaml_is_built_by_dvc_and_trained(served_project) -> None:
+    """The form's dataset is not params.yaml's: DVC builds it beside the file (which stays as it
+    was), the run completes, and MLflow records that dataset's DVC hash."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     project, api, processes, logs = served_project
+    params_before = (project / "params.yaml").read_bytes()
     with temporary_settings({PREFECT_API_URL: api}):
         with get_client(sync_client=True) as client:
             benchmark = client.read_deployment_by_name(BENCHMARK)
             (schedule,) = [item.schedule for item in benchmark.schedules]
             assert (schedule.cron, schedule.timezone) == ("30 2 * * *", "Europe/Berlin")
             assert not benchmark.paused
-        flow_run = run_deployment(PIPELINE, timeout=420, poll_interval=2)
+            form = client.read_deployment_by_name(PIPELINE).parameters
+        form["dataset"]["name"] = "digits-copy"
+        form["advanced"] = {"train.crop_size": None}  # the digits preset goes by the name
+        flow_run = run_deployment(PIPELINE, parameters=form, timeout=420, poll_interval=2)
     serve_log = (logs / "serve.log").read_text()[-3000:]
     assert flow_run.state is not None and flow_run.state.is_completed(), serve_log
+    assert (project / "params.yaml").read_bytes() == params_before
 
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     (experiment,) = [e for e in client.search_experiments() if e.name != "Default"]
@@ -163,9 +195,10 @@ def test_served_pipeline_runs_from_the_client_and_fills_mlflow(served_project) -
         [experiment.experiment_id], filter_string="tags.`towerbench.kind` = 'config'"
     )
     assert [run.data.params["towers"] for run in children] == ["2"]
+    assert {run.data.params["dataset"] for run in children} == {"digits-copy"}
     assert {run.data.tags["towerbench.status"] for run in children} == {"completed"}
-    # The data version is DVC's content hash of the TFRecords folder.
-    lock = yaml.safe_load((project / "dvc.lock").read_text())
+    # The data version is DVC's content hash of that dataset's TFRecords folder.
+    lock = yaml.safe_load((project / "datasets" / "digits-copy" / "dvc.lock").read_text())
     dvc_hash = lock["stages"]["preprocess"]["outs"][0]["md5"]
     assert {run.data.params["data_version"] for run in children} == {dvc_hash}
 
@@ -186,8 +219,8 @@ def test_serve_without_a_server_says_schedules_need_one(tmp_path) -> None:
     assert "ephemeral" in result.stderr
 
 
-def test_a_changed_fetch_name_fails_at_once_naming_the_field(served_project) -> None:
-    """The form's fetch name differs from params.yaml: no retries, one line naming the field."""
+def test_other_settings_under_params_yamls_dataset_name_fail_at_once(served_project) -> None:
+    """They would overwrite params.yaml's data: no retries, one line naming the field."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.deployments import run_deployment
@@ -195,18 +228,17 @@ def test_a_changed_fetch_name_fails_at_once_naming_the_field(served_project) -> 
 
     project, api, processes, logs = served_project
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-        config = client.read_deployment_by_name(PIPELINE).parameters["config"]
-        config["fetch"]["name"] = "digits-copy"
-        config["sweep"]["base"]["dataset"] = "digits-copy"  # what the pipeline checks first
+        form = client.read_deployment_by_name(PIPELINE).parameters
+        form["dataset"]["source"] = "cifar10"
         started = time.monotonic()
-        flow_run = run_deployment(PIPELINE, parameters={"config": config}, timeout=180)
+        flow_run = run_deployment(PIPELINE, parameters=form, timeout=180)
         waited = time.monotonic() - started
         (fetch,) = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
         )
     assert flow_run.state is not None and flow_run.state.is_failed(), flow_run.state
     message = flow_run.state.message or ""
-    assert "fetch.name: 'digits-copy' in the form, 'digits' in params.yaml" in message
+    assert "fetch.source: 'cifar10' in the form, 'digits' in params.yaml" in message
     assert "\n" not in message
     assert fetch.run_count == 1  # no retries: they wait 10 s, then 60 s
     # Once its process has started, the run fails within seconds; starting the process (imports
@@ -234,9 +266,9 @@ def test_an_unfetched_dataset_fails_in_one_line_before_anything_trains(served_pr
     store = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     runs_before = len(store.search_runs([e.experiment_id for e in store.search_experiments()]))
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-        config = client.read_deployment_by_name(PIPELINE).parameters["config"]
-        config["sweep"]["base"]["dataset"] = "cifar10"
-        flow_run = run_deployment(PIPELINE, parameters={"config": config}, timeout=180)
+        form = client.read_deployment_by_name(PIPELINE).parameters
+        form["advanced"] = {"train.dataset": "cifar10"}
+        flow_run = run_deployment(PIPELINE, parameters=form, timeout=180)
     assert flow_run.state is not None and flow_run.state.is_failed(), flow_run.state
     message = flow_run.state.message or ""
     assert "train.dataset: 'cifar10' is not the dataset that fetch builds ('digits')" in message

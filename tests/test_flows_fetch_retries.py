@@ -18,9 +18,9 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.testing.utilities import prefect_test_harness
 
-from model.config import FetchConfig
+from model.config import FetchConfig, PreprocessConfig
 from model.errors import TowerbenchError
-from tasks.dvc_stages import FETCH_STAGE, repro_stage
+from tasks.dvc_stages import data_stages
 from tasks.fetch import RETRY_DELAYS_SECONDS, fetch_task
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
@@ -32,6 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def prefect_harness():
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+SHARDS = PreprocessConfig(shards=1)  # as in every project below
 
 
 def write_project(folder: Path, fetch: dict) -> Path:
@@ -51,7 +54,8 @@ def fetch_attempts(project: Path, config: FetchConfig) -> tuple[str, int]:
     @flow
     def fetch_only() -> UUID:
         fast = fetch_task.with_options(retries=1, retry_delay_seconds=0)
-        return fast(project, config, return_state=True).state_details.task_run_id
+        state = fast(project, config, SHARDS, project / "data", return_state=True)
+        return state.state_details.task_run_id
 
     with get_client(sync_client=True) as client:
         task_run = client.read_task_run(fetch_only())
@@ -60,14 +64,15 @@ def fetch_attempts(project: Path, config: FetchConfig) -> tuple[str, int]:
 
 
 def test_settings_mismatch_names_each_field_that_differs(tmp_path) -> None:
+    """Other settings under params.yaml's dataset name would overwrite its data."""
     project = write_project(tmp_path / "project", {"source": "digits", "name": "digits"})
-    asked = FetchConfig(source="digits", name="digits-copy", retries=5)
+    asked = FetchConfig(source="cifar10", name="digits", retries=5)
     with pytest.raises(TowerbenchError) as raised:
-        repro_stage(project, FETCH_STAGE, {"fetch": asked})
+        data_stages(project, asked, SHARDS, project / "data")
     message = str(raised.value)
     assert message.startswith(
-        f"{project / 'params.yaml'}: fetch.name: 'digits-copy' in the form, 'digits' in "
-        "params.yaml; fetch.retries: 5 in the form, 3 in params.yaml ("
+        f"{project / 'params.yaml'}: fetch.retries: 5 in the form, 3 in params.yaml; "
+        "fetch.source: 'cifar10' in the form, 'digits' in params.yaml ("
     )
     assert "\n" not in message and "FetchConfig" not in message
 
@@ -75,10 +80,10 @@ def test_settings_mismatch_names_each_field_that_differs(tmp_path) -> None:
 def test_a_settings_error_fails_at_once_without_retries(prefect_harness, tmp_path) -> None:
     project = write_project(tmp_path / "project", {"source": "digits", "name": "digits"})
     started = time.monotonic()
-    message, runs = fetch_attempts(project, FetchConfig(name="digits-copy"))
+    message, runs = fetch_attempts(project, FetchConfig(source="cifar10", name="digits"))
     assert runs == 1
     assert time.monotonic() - started < RETRY_DELAYS_SECONDS[0]
-    assert "fetch.name: 'digits-copy' in the form, 'digits' in params.yaml" in message
+    assert "fetch.source: 'cifar10' in the form, 'digits' in params.yaml" in message
 
 
 class _Unavailable(BaseHTTPRequestHandler):

@@ -129,12 +129,17 @@ def run_sweep_command(args: argparse.Namespace) -> CommandResult:
 
 
 def run_pipeline_command(args: argparse.Namespace) -> CommandResult:
-    params = load(args.params, overrides_from_args(TrackingConfig, args))
+    """The deployment's flow, with the form's values taken from the file and the options."""
+    overrides = overrides_from_args(TrackingConfig, args)
+    params = load(args.params, overrides)
     config = _checked(params, args.params.resolve().parent)
     _prepare_prefect(config.tracking.tracking_uri)
     from flows.pipeline import pipeline
+    from flows.run_form import form_parameters
 
-    return _result(pipeline(config=config, fresh=args.fresh))
+    form = form_parameters(params, args.params)
+    form["advanced"] = {".".join(override.key): override.value for override in overrides}
+    return _result(pipeline(**form, fresh=args.fresh))
 
 
 def _params_with_options(args: argparse.Namespace) -> Params:
@@ -158,7 +163,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
     params = _params_with_options(args)
     from flows.deployments import serve
 
-    serve(params, args.params.resolve().parent)
+    serve(params, args.params)
     return 0
 
 

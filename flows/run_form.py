@@ -1,0 +1,75 @@
+"""The Prefect Run form of the pipeline deployment: the few settings a person changes per run.
+
+Each field is the `Params` field it sets (same type, same description), so the form, the CLI and
+params.yaml cannot disagree; everything else comes from the params file, or from `advanced`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, create_model
+
+from flows.params import Override, override_at
+from model.config import FetchConfig, Params, StrictModel, SweepGrid, TrainConfig
+from model.sources import dataset_name
+
+DATASET_FIELDS = ("source", "url", "name")
+SWEEP_FIELDS = ("towers", "seeds", "lr_scaling", "warmup_epochs", "aggregation", "budget")
+
+
+def _pick(name: str, model: type[BaseModel], fields: tuple[str, ...], doc: str) -> type:
+    """A form section made of some of `model`'s fields, with their types and descriptions."""
+    return create_model(
+        name,
+        __base__=StrictModel,
+        __doc__=doc,
+        **{
+            field: (model.model_fields[field].annotation, model.model_fields[field])
+            for field in fields
+        },
+    )
+
+
+DatasetChoice = _pick(
+    "DatasetChoice",
+    FetchConfig,
+    DATASET_FIELDS,
+    "The dataset to fetch, preprocess (through DVC) and train on.",
+)
+SweepChoice = _pick("SweepChoice", SweepGrid, SWEEP_FIELDS, "The lists the sweep compares.")
+
+
+def form_parameters(params: Params, params_path: Path) -> dict[str, Any]:
+    """The form's values for `params` (the deployment's defaults), as JSON."""
+    return {
+        "dataset": params.fetch.model_dump(mode="json", include=set(DATASET_FIELDS)),
+        "sweep": params.sweep.model_dump(mode="json", include=set(SWEEP_FIELDS)),
+        "epochs": params.train.epochs,
+        "advanced": {},
+        "params_file": str(params_path.resolve()),
+    }
+
+
+def form_overrides(
+    dataset: BaseModel,
+    sweep: BaseModel,
+    epochs: float,
+    advanced: dict[str, Any],
+    file_fetch: FetchConfig,
+) -> list[Override]:
+    """The form's values as overrides of the params file: the dataset is also the training
+    dataset, and a dataset other than the file's drops the file's md5 and class list."""
+    overrides = [Override(FetchConfig, f, v, f"dataset.{f}") for f, v in dataset]
+    overrides += [Override(SweepGrid, f, v, f"sweep.{f}") for f, v in sweep]
+    chosen = FetchConfig(**dict(dataset))
+    if chosen.model_dump(include=set(DATASET_FIELDS)) != file_fetch.model_dump(
+        include=set(DATASET_FIELDS)
+    ):
+        overrides += [Override(FetchConfig, f, None, "dataset") for f in ("md5", "classes")]
+    overrides.append(Override(TrainConfig, "dataset", dataset_name(chosen), "dataset"))
+    overrides.append(Override(TrainConfig, "epochs", epochs, "epochs"))
+    # Last, so they win: any other setting, keyed as in params.yaml (`train.base_lr`).
+    overrides += [override_at(key, value, f"advanced.{key}") for key, value in advanced.items()]
+    return overrides
