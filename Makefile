@@ -28,8 +28,8 @@ ui: install
 	$(BIN)/towerbench ui
 
 lint: install
-	$(BIN)/ruff check model tasks flows tests
-	$(BIN)/ruff format --check model tasks flows tests
+	$(BIN)/ruff check model ingest speed tasks flows tests
+	$(BIN)/ruff format --check model ingest speed tasks flows tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -17,8 +17,8 @@ import psutil
 
 from flows.process_output import OutputRelay
 from flows.telemetry import telemetry_off_unless_opted_in
-from model.config import Params
 from model.errors import TowerbenchError
+from model.params import Params
 
 # Named for what they do: the Prefect UI lists deployments by name, the flow only in grey.
 PIPELINE_DEPLOYMENT = "towerbench-pipeline"

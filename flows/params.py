@@ -16,19 +16,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from model.config import (
-    DataConfig,
-    FetchConfig,
+from model.config import DataConfig, FetchConfig, PreprocessConfig, TrainConfig
+from model.errors import Location, TowerbenchError, describe_validation_error, dotted
+from model.params import (
     Params,
-    PreprocessConfig,
     ReportConfig,
     SweepGrid,
     TrackingConfig,
-    TrainConfig,
     TrainGrid,
     apply_sweep_preset,
 )
-from model.errors import Location, TowerbenchError, describe_validation_error, dotted
 
 Key = tuple[str, ...]
 

@@ -11,9 +11,10 @@ from flows.params import load
 from flows.run_form import DatasetChoice, SweepChoice, form_overrides
 from flows.sweep import FlowKind
 from flows.sweep import sweep as sweep_flow
-from model.config import PipelineConfig, TrainConfig
+from ingest import dataset_name
+from model.config import TrainConfig
 from model.errors import TowerbenchError
-from model.sources import dataset_name
+from model.params import PipelineConfig
 from tasks.fetch import fetch_task
 from tasks.preprocess import preprocess_task
 from tasks.report import publish_artifact

@@ -12,8 +12,9 @@ from typing import Any
 from pydantic import BaseModel, create_model
 
 from flows.params import Override, override_at
-from model.config import FetchConfig, Params, StrictModel, SweepGrid, TrainConfig
-from model.sources import dataset_name
+from ingest import dataset_name
+from model.config import FetchConfig, StrictModel, TrainConfig
+from model.params import Params, SweepGrid
 
 DATASET_FIELDS = ("source", "url", "name")
 SWEEP_FIELDS = ("towers", "seeds", "lr_scaling", "warmup_epochs", "aggregation", "budget")

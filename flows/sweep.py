@@ -20,8 +20,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.exceptions import TerminationSignal
 
-from model.config import DataConfig, ReportConfig, SweepConfig, TrackingConfig, TrainConfig
+from model.config import DataConfig, TrainConfig
 from model.errors import TowerbenchError
+from model.params import ReportConfig, SweepConfig, TrackingConfig
 from model.sweep import expand, group_name, run_name, swept_fields
 from model.tfrecords import dataset_dir
 from tasks.report import make_report

@@ -15,8 +15,8 @@ import tensorflow as tf
 
 from model.config import TrainConfig
 from model.errors import TowerbenchError
+from model.files import write_atomically
 from model.records import EpochRecord
-from model.sources.layout import write_atomically
 
 if TYPE_CHECKING:
     from model.towers import TowerTrainer

@@ -7,8 +7,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from model.config import SweepConfig, TrainConfig
+from model.config import TrainConfig
 from model.errors import TowerbenchError, describe_validation_error
+from model.params import SweepConfig
 
 
 def canonical(config: TrainConfig) -> TrainConfig:

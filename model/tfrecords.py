@@ -6,42 +6,23 @@ Each example has three features:
   label  int64   index into the manifest's `classes`
   shape  int64[] [H, W, C]
 
-Raw uint8 rather than PNG, chosen by measurement on 5,000 real CIFAR-10 images (2 cores):
-  raw  write 51,000 img/s, decode 7,700 img/s (tf.data, parse+decode), 3,126 bytes/image
-  png  write  4,900 img/s, decode 7,800 img/s,                       2,303 bytes/image
-Decoding costs the same (parsing dominates), PNG saves 26% of disk but writes 10x slower, which
-alone would break the "60,000 images in < 30 s" budget.
-
-Writing is deterministic: examples keep their input order, example i of a split goes to shard
-i % n (so every shard mixes all classes even when the input is sorted by class), protobufs are
-serialised deterministically and nothing time- or host-dependent is stored. The whole folder is
-written under a temporary name and renamed into place, so readers never see half a dataset; a
-full disk removes the temporary folder, keeps the previous version and is one line.
+Written by ingest/write_records.py; read here (manifests, shard lists, decoding).
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
-import json
-import shutil
-import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from model.errors import TowerbenchError
-from model.storage import replace_folder, space_errors
 
 if TYPE_CHECKING:  # TensorFlow loads only when records are read or written, not for manifests
     import tensorflow as tf
 
 MANIFEST_NAME = "manifest.json"
-# Images are summarised in chunks so mean/std never materialise a float copy of the dataset.
-_STATS_CHUNK = 4096
 
 
 class _Strict(BaseModel):
@@ -139,143 +120,3 @@ def decode_example(
     else:
         image = tf.reshape(pixels, [int(size) for size in image_shape])
     return image, tf.cast(features["label"], tf.int32)
-
-
-def _serialize(image_bytes: bytes, label: int, shape: list[int]) -> bytes:
-    import tensorflow as tf
-
-    example = tf.train.Example(
-        features=tf.train.Features(
-            feature={
-                "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_bytes])),
-                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-                "shape": tf.train.Feature(int64_list=tf.train.Int64List(value=shape)),
-            }
-        )
-    )
-    return example.SerializeToString(deterministic=True)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
-    """Per-channel mean and std of uint8 NHWC images, in float64, chunk by chunk."""
-    channels = images.shape[-1]
-    total = np.zeros(channels)
-    total_sq = np.zeros(channels)
-    for start in range(0, len(images), _STATS_CHUNK):
-        chunk = images[start : start + _STATS_CHUNK].reshape(-1, channels).astype(np.float64)
-        total += chunk.sum(axis=0)
-        total_sq += np.square(chunk).sum(axis=0)
-    count = images.shape[0] * images.shape[1] * images.shape[2]
-    mean = total / count
-    std = np.sqrt(np.maximum(total_sq / count - np.square(mean), 0.0))
-    return [round(float(value), 6) for value in mean], [round(float(value), 6) for value in std]
-
-
-def _check_split(split: str, images: np.ndarray, labels: np.ndarray, num_classes: int) -> None:
-    if images.dtype != np.uint8 or images.ndim != 4:
-        raise ValueError(
-            f"split {split!r}: images must be uint8 NHWC, got {images.dtype} {images.shape}"
-        )
-    if labels.shape != (len(images),):
-        raise ValueError(f"split {split!r}: {len(images)} images but labels {labels.shape}")
-    if len(images) == 0:
-        raise ValueError(f"split {split!r} has no examples")
-    if labels.min() < 0 or labels.max() >= num_classes:
-        raise ValueError(f"split {split!r}: labels outside [0, {num_classes})")
-
-
-def _write_split(
-    folder: Path, split: str, images: np.ndarray, labels: np.ndarray, shards: int, num_classes: int
-) -> SplitInfo:
-    import tensorflow as tf
-
-    count = len(images)
-    num_files = min(shards, count)
-    shape = [int(size) for size in images.shape[1:]]
-    files = []
-    for index in range(num_files):
-        file_name = f"{split}-{index:05d}-of-{num_files:05d}.tfrecord"
-        # Example i goes to shard i % n: fixed by position, independent of timing or threads.
-        shard_images = np.ascontiguousarray(images[index::num_files])
-        shard_labels = labels[index::num_files].tolist()
-        try:
-            with tf.io.TFRecordWriter(str(folder / file_name)) as writer:
-                for image, label in zip(shard_images, shard_labels, strict=True):
-                    writer.write(_serialize(image.tobytes(), label, shape))
-        except tf.errors.ResourceExhaustedError as error:
-            # TensorFlow's file writer reports a full disk this way; make it the OS error it is.
-            raise OSError(errno.ENOSPC, error.message, str(folder / file_name)) from None
-        files.append(
-            ShardFile(
-                path=file_name, examples=len(shard_labels), sha256=_sha256(folder / file_name)
-            )
-        )
-    per_class = np.bincount(labels, minlength=num_classes).tolist()
-    return SplitInfo(examples=count, per_class=per_class, files=files)
-
-
-def write_dataset(
-    out_dir: Path,
-    name: str,
-    classes: list[str],
-    splits: Mapping[str, tuple[np.ndarray, np.ndarray]],
-    shards: int,
-    source: dict[str, Any],
-) -> Manifest:
-    """Write `splits` ({split: (images uint8 [N, H, W, C], labels int [N])}) as `shards` TFRecord
-    files per split plus manifest.json into `out_dir` (usually `dataset_dir(data_dir, name)`).
-
-    The folder appears complete or not at all; same arguments give byte-identical files.
-    """
-    if not splits:
-        raise ValueError("write_dataset needs at least one split")
-    if shards < 1:
-        raise ValueError(f"shards must be >= 1, got {shards}")
-    arrays = {
-        split: (np.asarray(images), np.asarray(labels).astype(np.int64))
-        for split, (images, labels) in splits.items()
-    }
-    shapes = {images.shape[1:] for images, _ in arrays.values()}
-    if len(shapes) != 1:
-        raise ValueError(f"all splits must share one image shape, got {sorted(shapes)}")
-    for split, (images, labels) in arrays.items():
-        _check_split(split, images, labels, len(classes))
-
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    needed = sum(images.nbytes for images, _ in arrays.values())  # the pixels are most of it
-    with space_errors(out_dir, needed, "the TFRecords"):
-        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-        try:
-            infos = {
-                split: _write_split(staging, split, images, labels, shards, len(classes))
-                for split, (images, labels) in arrays.items()
-            }
-            stats_split = "train" if "train" in arrays else next(iter(arrays))
-            mean, std = _channel_stats(arrays[stats_split][0])
-            manifest = Manifest(
-                dataset=name,
-                classes=list(classes),
-                image_shape=[int(size) for size in next(iter(shapes))],
-                splits=infos,
-                mean=mean,
-                std=std,
-                source=source,
-            )
-            text = json.dumps(manifest.model_dump(), indent=2) + "\n"
-            (staging / MANIFEST_NAME).write_text(text)
-            # mkdtemp creates 0700; give the published folder ordinary permissions.
-            staging.chmod(0o755)
-            replace_folder(staging, out_dir)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-    return manifest

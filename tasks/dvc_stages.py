@@ -19,17 +19,17 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from ingest import dataset_name
 from model.config import DataConfig, FetchConfig, PreprocessConfig
 from model.errors import TowerbenchError
-from model.sources import dataset_name
-from model.sources.layout import write_atomically
+from model.files import write_atomically
 
 FETCH_STAGE = "fetch"
 PREPROCESS_STAGE = "preprocess"
 PARAMS_FILE = "params.yaml"
 STAGES_FILE = "dvc.yaml"
 FORM_DATASETS = "datasets"  # beside params.yaml: stage folders of the datasets it does not describe
-# How model/sources/download.py says it gave up on dropped connections or 5xx answers after its
+# How ingest/download.py says it gave up on dropped connections or 5xx answers after its
 # own retries; a later attempt resumes the partial file (tests/test_flows_fetch_retries.py).
 _DOWNLOAD_GAVE_UP = re.compile(r"download failed after \d+ attempt")
 

@@ -17,8 +17,9 @@ from mlflow.entities import Param, Run, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from model.config import TrackingConfig, TrainConfig
+from model.config import TrainConfig
 from model.errors import TowerbenchError
+from model.params import TrackingConfig
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 

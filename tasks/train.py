@@ -21,7 +21,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from model.config import TrackingConfig
+from model.params import TrackingConfig
 from tasks.tracking import mark_failed, mark_killed
 from tasks.train_worker import EVENT_PREFIX, WorkerRequest
 

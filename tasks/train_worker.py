@@ -21,8 +21,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from model.config import TrackingConfig, TrainConfig
+from model.config import TrainConfig
 from model.errors import TowerbenchError
+from model.params import TrackingConfig
 from model.records import EpochRecord, finite_numbers
 from tasks.preflight import bound_mlflow_http
 

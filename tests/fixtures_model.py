@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 from sklearn.datasets import load_digits
 
+from ingest.write_records import write_dataset
 from model.devices import split_cpu
-from model.tfrecords import dataset_dir, write_dataset
+from model.tfrecords import dataset_dir
 
 LOGICAL_CPUS = 4
 split_cpu(LOGICAL_CPUS)

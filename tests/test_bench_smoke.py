@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from model.bench.flops import count_step_flops
-from model.bench.settings import BenchSettings
-from model.bench.summary import summarize, target_rows
-from model.bench.timing import interleaved
 from model.networks import build_network
+from speed.flops import count_step_flops
+from speed.settings import BenchSettings
+from speed.summary import summarize, target_rows
+from speed.timing import interleaved
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
@@ -44,8 +44,8 @@ import json, sys, tempfile
 from pathlib import Path
 from model.devices import configure_tower_devices
 devices = configure_tower_devices(2, "cpu", "cpu")
-from model.bench.settings import BenchSettings
-from model.bench.suite import (
+from speed.settings import BenchSettings
+from speed.suite import (
     count_flops, measure_input_pipeline, measure_preprocessing, measure_steps,
 )
 from model.config import TrainConfig

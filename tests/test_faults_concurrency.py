@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 FIRST_SWEEP_STEPS = """
 import sys, time
 from pathlib import Path
-from model.config import TrackingConfig
+from model.params import TrackingConfig
 from tasks.tracking import ensure_experiment, resolve_tracking, start_sweep_run
 
 uri, ready, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])

@@ -19,9 +19,9 @@ import pytest
 from fixtures_data import http_server, make_cifar10_archive
 from PIL import Image
 
-import model.sources
+import ingest
 from flows.cli import main
-from model.storage import format_bytes
+from model.files import format_bytes
 from model.tfrecords import dataset_dir, load_manifest
 
 
@@ -138,7 +138,7 @@ def test_refetch_failing_at_its_last_write_keeps_the_good_dataset(
         raise OSError(errno.ENOSPC, "No space left on device", str(folder / "source.json"))
 
     # Our own record writer, the last write before the new version is swapped in.
-    monkeypatch.setattr(model.sources, "write_source_record", disk_full)
+    monkeypatch.setattr(ingest, "write_source_record", disk_full)
     _fails(capsys, _fetch(str(archives["large"]), archives["large"], data), str(good), "no space")
     assert _files(good) == before  # the old source.json included: still a usable dataset
     assert [path.name for path in (data / "raw").iterdir()] == ["cifar10"]

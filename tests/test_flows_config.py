@@ -9,8 +9,9 @@ import pytest
 from flows.cli import build_parser
 from flows.commands.orchestrate import sweep_run_from_args
 from flows.params import load
-from model.config import SweepConfig, TrackingConfig, TrainConfig
+from model.config import TrainConfig
 from model.errors import TowerbenchError
+from model.params import SweepConfig, TrackingConfig
 from model.sweep import expand, run_name
 from tasks.tracking import resolve_tracking
 

@@ -21,8 +21,10 @@ from prefect.testing.utilities import prefect_test_harness
 from sklearn.datasets import load_digits
 
 from flows.cli import main
-from model.config import TrackingConfig, TrainConfig
-from model.tfrecords import dataset_dir, write_dataset
+from ingest.write_records import write_dataset
+from model.config import TrainConfig
+from model.params import TrackingConfig
+from model.tfrecords import dataset_dir
 from tasks.tracking import resolve_tracking
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
@@ -304,7 +306,7 @@ def test_prefect_artifacts_progress_and_report_linking_the_parent_run(finished_s
 
 def test_benchmark_report_compares_with_the_previous_benchmark(finished_sweep) -> None:
     """A later benchmark sweep whose 2-tower run is 10 points worse than the finished one."""
-    from model.config import ReportConfig
+    from model.params import ReportConfig
     from tasks.report import write_report
 
     outcome, tracking, root, _ = finished_sweep

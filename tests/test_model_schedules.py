@@ -88,7 +88,7 @@ def test_warmup_and_decay_values():
 def test_updates_budget_gives_every_run_the_reference_number_of_steps():
     """`budget: updates`: 4 towers train 4x the epochs, and the LR is the same function of the
     optimizer step as the 1-tower run's (after the peak is scaled)."""
-    from model.config import SweepConfig
+    from model.params import SweepConfig
     from model.sweep import expand
 
     base = TrainConfig(

@@ -15,7 +15,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from flows.telemetry import OPT_IN
-from model.config import TrackingConfig, TrainConfig
+from model.config import TrainConfig
+from model.params import TrackingConfig
 from tasks.report.reading import run_record
 from tasks.tracking import (
     EXPERIMENT_KIND_TAG,

@@ -51,7 +51,7 @@ def _say(message: str) -> None:
 def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every measurement of `config`'s training settings (aggregation, optimizer, schedule,
     distortions, XLA) on the fixed network, in one process; returns (JSON summary, raw results)."""
-    from flows.bench_overhead import isolate_orchestration_state
+    from flows.speed_overhead import isolate_orchestration_state
 
     isolate_orchestration_state(work_dir)  # before Prefect or MLflow is imported
     import_tensorflow()
@@ -63,15 +63,15 @@ def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, An
 
     # Each benchmarked trainer traces its own step; TensorFlow's retracing warning is noise here.
     tf.get_logger().setLevel("ERROR")
-    from flows.bench_overhead import measure_orchestration_overhead
-    from model.bench.machine import describe_machine
-    from model.bench.suite import (
+    from flows.speed_overhead import measure_orchestration_overhead
+    from speed.machine import describe_machine
+    from speed.suite import (
         count_flops,
         measure_input_pipeline,
         measure_preprocessing,
         measure_steps,
     )
-    from model.bench.summary import summarize
+    from speed.summary import summarize
 
     machine = describe_machine(devices)
     _say(f"{settings.mode} run on {machine['tower_devices']} devices ({machine['cpu']})")
@@ -89,9 +89,9 @@ def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, An
 
 def run_bench(args: argparse.Namespace) -> CommandResult:
     config = load(args.params, resolve_tracking=False).train
-    from flows.bench_report import render_markdown, write_markdown
-    from model.bench.settings import BenchSettings
-    from model.bench.summary import target_rows
+    from flows.speed_report import render_markdown, write_markdown
+    from speed.settings import BenchSettings
+    from speed.summary import target_rows
 
     settings = BenchSettings.quick() if args.quick else BenchSettings.full()
     report = args.report or (None if args.quick else DEFAULT_REPORT)

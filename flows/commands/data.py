@@ -10,8 +10,9 @@ from pydantic import BaseModel
 from flows.console import import_tensorflow
 from flows.options import add_model_options, add_params_option, overrides_from_args
 from flows.params import Override, load
-from model.config import DataConfig, FetchConfig, Params, PreprocessConfig
+from model.config import DataConfig, FetchConfig, PreprocessConfig
 from model.errors import TowerbenchError
+from model.params import Params
 
 SOURCES = typing.get_args(FetchConfig.model_fields["source"].annotation)
 
@@ -29,7 +30,7 @@ def _fetch(args: argparse.Namespace) -> int:
     given = [Override(FetchConfig, "source", args.dataset, "DATASET")] if args.dataset else []
     params = _params(args, FetchConfig, given)
     import_tensorflow()
-    from model.sources import dataset_name, fetch
+    from ingest import dataset_name, fetch
 
     folder = fetch(params.fetch, params.data.data_dir)
     print(f"fetched {params.fetch.source} as {dataset_name(params.fetch)!r} into {folder}")
@@ -39,7 +40,7 @@ def _fetch(args: argparse.Namespace) -> int:
 def _preprocess(args: argparse.Namespace) -> int:
     params = _params(args, PreprocessConfig, [])
     import_tensorflow()
-    from model.sources import dataset_name, preprocess
+    from ingest import dataset_name, preprocess
     from model.tfrecords import dataset_dir
 
     name = args.dataset or dataset_name(params.fetch)

@@ -18,15 +18,14 @@ from flows.options import (
     values_from_args,
 )
 from flows.params import Override, load
-from model.config import (
+from model.config import DataConfig, TrainConfig
+from model.params import (
     SWEEP_AXES,
-    DataConfig,
     Params,
     PipelineConfig,
     ReportConfig,
     SweepGrid,
     TrackingConfig,
-    TrainConfig,
     TrainGrid,
 )
 from model.sweep import expand

@@ -26,7 +26,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from model.config import ReportConfig, TrackingConfig
+from model.params import ReportConfig, TrackingConfig
 from tasks.report.figures import report_figures
 from tasks.report.reading import previous_benchmark, sweep_parent, sweep_records
 from tasks.report.render import ReportHeader, benchmark_section, render_report

@@ -1,18 +1,21 @@
-"""The sweep report as markdown: a pure function of the compared rows (no MLflow, no files).
-
-Tables are lists of (header, formatter) columns, so a header never drifts from its cells.
-"""
+"""The sweep report as markdown: a pure function of the compared rows (no MLflow, no files)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from tasks.report.columns import (
+    ACCURACY_COLUMNS,
+    LOSS_COLUMNS,
+    SETUP_COLUMNS,
+    number,
+    pct,
+    speed_columns,
+    table,
+)
 from tasks.report.markdown import markdown_table
 from tasks.report.statistics import GroupRow, RunRecord, accuracy_by_epoch
-
-Column = tuple[str, Callable[[GroupRow], str]]
 
 
 @dataclass(frozen=True)
@@ -25,114 +28,6 @@ class ReportHeader:
     data_version: str
     device_kinds: list[str]
     target: float | None
-
-
-def pct(value: float | None, digits: int = 1) -> str:
-    return "—" if value is None or not math.isfinite(value) else f"{100 * value:.{digits}f}%"
-
-
-def number(value: float | None, pattern: str) -> str:
-    return "—" if value is None or not math.isfinite(value) else format(value, pattern)
-
-
-def _accuracy(row: GroupRow) -> str:
-    accuracy = row.accuracy
-    if accuracy.count == 0:
-        return "—"
-    if math.isfinite(accuracy.std):
-        return f"{100 * accuracy.mean:.2f} ± {100 * accuracy.std:.2f}%"
-    return f"{100 * accuracy.mean:.2f}%"
-
-
-def _difference(row: GroupRow) -> str:
-    return "—" if row.difference is None else f"{100 * row.difference.difference:+.2f} pp"
-
-
-def _interval(row: GroupRow) -> str:
-    difference = row.difference
-    if difference is None or difference.ci_low is None:
-        return "—"
-    return f"[{100 * difference.ci_low:+.2f}, {100 * difference.ci_high:+.2f}]"
-
-
-def _p_value(row: GroupRow) -> str:
-    difference = row.difference
-    return "—" if difference is None or difference.p_value is None else f"{difference.p_value:.3f}"
-
-
-def _completed(row: GroupRow) -> int:
-    return sum(run.status == "completed" for run in row.runs)
-
-
-def _peak_lr(row: GroupRow) -> str:
-    rates = [run.effective_lr for run in row.runs if run.effective_lr is not None]
-    return number(rates[0] if rates else None, ".4g")
-
-
-def _time_to_target(target: float | None) -> Callable[[GroupRow], str]:
-    def cell(row: GroupRow) -> str:
-        text = number(row.time_to_target, ".1f")
-        completed = _completed(row)
-        if target is not None and completed and row.reached_target < completed:
-            text += f" ({row.reached_target}/{completed} reached)"
-        return text
-
-    return cell
-
-
-def _noise_scale(row: GroupRow) -> str:
-    return (
-        "(unstable)" if row.unstable and row.noise_scale is None else number(row.noise_scale, ".0f")
-    )
-
-
-def _loss(key: str) -> Callable[[GroupRow], str]:
-    return lambda row: number(row.losses.get(key), ".3f")
-
-
-# Tables of six columns at most, so they fit the Prefect and MLflow pages.
-SETUP_COLUMNS: list[Column] = [
-    ("configuration", lambda row: row.group),
-    ("global batch", lambda row: str(row.config.global_batch)),
-    ("peak LR", _peak_lr),
-    ("epochs", lambda row: f"{row.config.epochs:g}"),
-    ("updates", lambda row: number(row.steps, ".0f")),
-    ("seeds ok", lambda row: f"{_completed(row)}/{len(row.runs)}"),
-]
-
-ACCURACY_COLUMNS: list[Column] = [
-    ("configuration", lambda row: row.group),
-    ("test accuracy", _accuracy),
-    ("Δ vs 1 tower", _difference),
-    ("95% CI", _interval),
-    ("p (Welch)", _p_value),
-]
-
-LOSS_COLUMNS: list[Column] = [
-    ("configuration", lambda row: row.group),
-    ("train CE", _loss("train_cross_entropy")),
-    ("weight decay", _loss("train_weight_decay_loss")),
-    ("train total", _loss("train_total_loss")),
-    ("test CE", _loss("test_cross_entropy")),
-    ("test − train CE", _loss("generalization_gap")),
-]
-
-
-def speed_columns(target: float | None) -> list[Column]:
-    return [
-        ("configuration", lambda row: row.group),
-        (f"s to {pct(target)}", _time_to_target(target)),
-        ("speedup", lambda row: number(row.speedup, ".2f")),
-        ("images/s", lambda row: number(row.images_per_sec, ".0f")),
-        ("scaling eff.", lambda row: number(row.efficiency, ".2f")),
-        ("noise scale", _noise_scale),
-    ]
-
-
-def table(columns: list[Column], rows: list[GroupRow]) -> str:
-    return markdown_table(
-        [header for header, _ in columns], [[cell(row) for _, cell in columns] for row in rows]
-    )
 
 
 def epoch_table(rows: list[GroupRow], most_rows: int = 20) -> str:

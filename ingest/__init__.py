@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from model.config import FetchConfig, PreprocessConfig
-from model.errors import TowerbenchError
-from model.sources.base import Source
-from model.sources.cifar import CIFAR10, CIFAR100, CifarSource
-from model.sources.digits import DigitsSource
-from model.sources.imagefolder import ImageFolderSource
-from model.sources.layout import (
+from ingest.base import Source
+from ingest.cifar import CIFAR10, CIFAR100, CifarSource
+from ingest.digits import DigitsSource
+from ingest.imagefolder import ImageFolderSource
+from ingest.layout import (
     discard_staging,
     ensure_writable,
     link_previous,
@@ -26,8 +24,11 @@ from model.sources.layout import (
     staging_dir,
     write_source_record,
 )
-from model.storage import replace_folder, space_errors
-from model.tfrecords import Manifest, dataset_dir, write_dataset
+from ingest.write_records import write_dataset
+from model.config import FetchConfig, PreprocessConfig
+from model.errors import TowerbenchError
+from model.files import replace_folder, space_errors
+from model.tfrecords import Manifest, dataset_dir
 
 SOURCES: dict[str, Source] = {
     "digits": DigitsSource(),

@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from ingest.archives import check_zip
+from ingest.base import LoadedDataset
+from ingest.download import fetch_file, local_path
 from model.config import FetchConfig, PreprocessConfig
 from model.errors import TowerbenchError
-from model.sources.archives import check_zip
-from model.sources.base import LoadedDataset
-from model.sources.download import fetch_file, local_path
-from model.storage import is_no_space, no_space_error
+from model.files import is_no_space, no_space_error
 
 _COPIED_FOLDER = "images"
 _FORMATS = ("JPEG", "PNG")

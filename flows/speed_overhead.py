@@ -19,11 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from model.bench.settings import BenchSettings
-from model.bench.suite import write_synthetic_cifar
-from model.bench.timing import interleaved, time_once
-from model.config import DataConfig, ReportConfig, SweepConfig, TrackingConfig, TrainConfig
+from model.config import DataConfig, TrainConfig
 from model.errors import TowerbenchError
+from model.params import ReportConfig, SweepConfig, TrackingConfig
+from speed.settings import BenchSettings
+from speed.suite import write_synthetic_cifar
+from speed.timing import interleaved, time_once
 
 DATASET = "benchcifar"
 TEST_EXAMPLES = 256

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from model.errors import TowerbenchError
-from model.storage import space_errors
+from model.files import write_atomically
 
 SOURCE_RECORD = "source.json"
 PARTIAL_SUFFIX = ".part"
@@ -75,20 +75,6 @@ def ensure_writable(folder: Path) -> Path:
             f"{folder}: data dir is not writable ({error.strerror or error})"
         ) from None
     return folder
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary sibling of `path`, then rename it into place."""
-    with space_errors(path, len(data)):
-        handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(handle, "wb") as temp_file:
-                temp_file.write(data)
-            os.chmod(temp_name, 0o644)
-            os.replace(temp_name, path)
-        except BaseException:
-            Path(temp_name).unlink(missing_ok=True)
-            raise
 
 
 def write_source_record(folder: Path, record: dict[str, Any]) -> None:

@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from ingest.archives import read_tar
+from ingest.base import LoadedDataset
+from ingest.download import fetch_file, file_md5
+from ingest.write_records import write_dataset
 from model.config import FetchConfig, PreprocessConfig
 from model.errors import TowerbenchError
-from model.sources.archives import read_tar
-from model.sources.base import LoadedDataset
-from model.sources.download import fetch_file, file_md5
-from model.tfrecords import Manifest, write_dataset
+from model.tfrecords import Manifest
 
 _SIDE = 32
 _PIXELS = 3 * _SIDE * _SIDE

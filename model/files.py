@@ -1,4 +1,5 @@
-"""Writing into the data dir: folders swapped in by rename, and a full disk as one line.
+"""Writing files safely: a file or folder appears whole (written aside, then renamed), and a
+full disk is one line.
 
 A full disk (ENOSPC, or a user's quota: EDQUOT) can strike any write. Wherever it does, the user
 gets one line naming the path and, when known, how much space the step needs, and the step's
@@ -11,6 +12,7 @@ import contextlib
 import errno
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,3 +65,17 @@ def replace_folder(new: Path, target: Path) -> None:
         shutil.rmtree(old)
     else:
         os.replace(new, target)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary sibling of `path`, then rename it into place."""
+    with space_errors(path, len(data)):
+        handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(handle, "wb") as temp_file:
+                temp_file.write(data)
+            os.chmod(temp_name, 0o644)
+            os.replace(temp_name, path)
+        except BaseException:
+            Path(temp_name).unlink(missing_ok=True)
+            raise

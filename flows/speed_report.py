@@ -7,14 +7,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from model.bench.settings import BenchSettings
-from model.bench.summary import (
+from model.files import write_atomically
+from speed.settings import BenchSettings
+from speed.summary import (
     REFERENCE_RUN_SECONDS,
     achieved_flops,
     roofline,
     target_rows,
 )
-from model.sources.layout import write_atomically
 from tasks.report.markdown import markdown_table
 
 MET = {True: "yes", False: "**no**", None: "—"}

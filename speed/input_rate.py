@@ -6,10 +6,10 @@ import itertools
 from collections.abc import Callable
 from pathlib import Path
 
-from model.bench.timing import time_once
 from model.config import TrainConfig
 from model.input_pipeline import Distortions, EpochPlan, train_dataset
 from model.tfrecords import load_manifest, split_files
+from speed.timing import time_once
 
 
 def pipeline_runner(

@@ -23,7 +23,7 @@ import httpx
 from tqdm import tqdm
 
 from model.errors import TowerbenchError
-from model.storage import space_errors
+from model.files import space_errors
 
 _CHUNK = 1 << 20
 _TIMEOUT_SECONDS = 30.0

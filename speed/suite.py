@@ -11,19 +11,19 @@ from typing import Any
 
 import numpy as np
 
-from model.bench.flops import count_step_flops
-from model.bench.input_rate import pipeline_runner
-from model.bench.keras_peer import keras_mirrored_runner
-from model.bench.preprocess_rate import preprocess_runner, write_random_cifar10_archive
-from model.bench.roofline import matmul_flops, matmul_runner
-from model.bench.settings import BenchSettings
-from model.bench.steps import tower_step_runner
-from model.bench.timing import interleaved
-from model.bench.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES
+from ingest.write_records import write_dataset
 from model.config import PreprocessConfig, TrainConfig
 from model.devices import TowerDevices
 from model.networks import build_network
-from model.tfrecords import write_dataset
+from speed.flops import count_step_flops
+from speed.input_rate import pipeline_runner
+from speed.keras_peer import keras_mirrored_runner
+from speed.preprocess_rate import preprocess_runner, write_random_cifar10_archive
+from speed.roofline import matmul_flops, matmul_runner
+from speed.settings import BenchSettings
+from speed.steps import tower_step_runner
+from speed.timing import interleaved
+from speed.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES
 
 StepKey = tuple[str, int, int]  # (runner, towers, global batch)
 
@@ -129,7 +129,7 @@ def measure_preprocessing(work_dir: Path, settings: BenchSettings) -> dict[str, 
 
 
 def count_flops(config: TrainConfig) -> dict[str, int]:
-    """Counted FLOPs per example of the benchmark network (see model/bench/flops.py)."""
+    """Counted FLOPs per example of the benchmark network (see speed/flops.py)."""
     network = build_network(NETWORK, IMAGE_SHAPE, NUM_CLASSES, config.seed)
     flops = count_step_flops(lambda images: network.model(images, training=True), IMAGE_SHAPE)
     return {"forward": flops.forward, "training": flops.training}

@@ -14,10 +14,10 @@ import numpy as np
 import sklearn
 from sklearn.datasets import load_digits
 
+from ingest.base import LoadedDataset
 from model.config import FetchConfig, PreprocessConfig
 from model.errors import TowerbenchError
-from model.sources.base import LoadedDataset
-from model.sources.layout import write_atomically
+from model.files import write_atomically
 
 _IMAGES = "images.npy"
 _LABELS = "labels.npy"

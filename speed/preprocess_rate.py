@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from model.bench.timing import time_once
-from model.sources.cifar import CIFAR10, convert_archive
+from ingest.cifar import CIFAR10, convert_archive
+from speed.timing import time_once
 
 CIFAR10_CLASSES = (
     "airplane",

@@ -1,0 +1,254 @@
+"""The whole params.yaml tree: the sweep's lists, tracking, the report, the scheduled benchmark.
+
+The sections a single run needs (fetch, preprocess, data, train) are in model/config.py; this
+module puts them together with the orchestration's sections into `Params`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+from zoneinfo import available_timezones
+
+from pydantic import Field, create_model, field_validator
+
+from model.config import (
+    DataConfig,
+    FetchConfig,
+    PreprocessConfig,
+    StrictModel,
+    TrainConfig,
+)
+
+# Fields the sweep varies through its own named lists; the rest of TrainConfig goes through `grid`.
+SWEEP_AXES = ("towers", "aggregation", "lr_scaling", "warmup_epochs", "seed")
+
+
+def _grid_field(name: str) -> tuple[object, object]:
+    field = TrainConfig.model_fields[name]
+    return (
+        list[field.annotation] | None,  # type: ignore[name-defined]
+        Field(
+            None, min_length=1, description=f"Values of train.{name} to sweep. {field.description}"
+        ),
+    )
+
+
+TrainGrid = create_model(
+    "TrainGrid",
+    __base__=StrictModel,
+    __doc__="Any other training parameter given as a list of values to sweep over.",
+    **{name: _grid_field(name) for name in TrainConfig.model_fields if name not in SWEEP_AXES},
+)
+
+
+# Whole experiments, reproducible with one `sweep.preset:` line (the README's CIFAR-10 findings).
+SWEEP_PRESETS: dict[str, dict[str, dict[str, object]]] = {
+    # The question's tutorial network at equal updates: 1 tower for 5 epochs vs 4 towers for 20.
+    "cure-updates": {
+        "train": {
+            "model": "tutorial",
+            "optimizer": "sgd",
+            "base_lr": 0.1,
+            "reference_batch": 128,
+            "decay": "constant",
+            "epochs": 5,
+        },
+        "sweep": {
+            "towers": [1, 4],
+            "aggregation": ["mean"],
+            "lr_scaling": ["sqrt", "linear"],
+            "warmup_epochs": [1],
+            "per_tower_batch": 128,
+            "budget": "updates",
+        },
+    },
+    # BatchNorm in place of LRN, Nesterov, warmup then linear decay to 0, at equal epochs.
+    "cure-bn": {
+        "train": {
+            "model": "tutorial_bn",
+            "optimizer": "nesterov",
+            "momentum": 0.9,
+            "base_lr": 0.05,
+            "reference_batch": 128,
+            "decay": "linear",
+            "epochs": 12,
+        },
+        "sweep": {
+            "towers": [1, 4],
+            "aggregation": ["mean"],
+            "lr_scaling": ["linear"],
+            "warmup_epochs": [2],
+            "per_tower_batch": 128,
+            "budget": "epochs",
+        },
+    },
+}
+SweepPresetName = Literal[tuple(SWEEP_PRESETS)]  # type: ignore[valid-type]
+
+
+def apply_sweep_preset(sections: dict[str, dict]) -> dict[str, dict]:
+    """`train`/`sweep` sections with the named `sweep.preset`'s values written over them."""
+    name = (sections.get("sweep") or {}).get("preset")
+    if name not in SWEEP_PRESETS:
+        return sections  # no preset, or an unknown name that validation will refuse by name
+    preset = SWEEP_PRESETS[name]
+    return {
+        **sections,
+        "train": {**(sections.get("train") or {}), **preset["train"]},
+        "sweep": {**(sections.get("sweep") or {}), **preset["sweep"]},
+    }
+
+
+class SweepGrid(StrictModel):
+    """The lists a sweep takes the product of (one run per combination)."""
+
+    towers: list[int] = Field([1, 2, 4], min_length=1, description="Tower counts to compare.")
+    aggregation: list[Literal["mean", "sum"]] = Field(
+        ["mean"], min_length=1, description="Gradient aggregations to compare."
+    )
+    lr_scaling: list[Literal["none", "linear", "sqrt"]] = Field(
+        ["linear"], min_length=1, description="Learning-rate scaling rules to compare."
+    )
+    warmup_epochs: list[float] = Field(
+        [0], min_length=1, description="Warmup lengths (epochs) to compare."
+    )
+    seeds: list[int] = Field(
+        [0, 1], min_length=1, description="Seeds: each configuration runs once per seed."
+    )
+    budget: Literal["epochs", "updates"] = Field(
+        "epochs",
+        description="Compare at equal epochs, or at equal updates: each run trains "
+        "epochs x global_batch / reference_batch epochs, with every epoch-counted schedule "
+        "setting (warmup, decay) stretched by the same factor, so it makes the reference "
+        "batch's number of optimizer steps (Hoffer et al. 2017).",
+    )
+    preset: SweepPresetName | None = Field(
+        None,
+        description="A measured experiment (see SWEEP_PRESETS): its train and sweep settings win "
+        "over params.yaml's; command-line options win over it.",
+    )
+    per_tower_batch: int | None = Field(
+        None,
+        ge=1,
+        description="If set, global_batch = towers x this (the batch per device stays fixed, as "
+        "when adding GPUs); if unset, every run uses train.global_batch.",
+    )
+    grid: TrainGrid = Field(  # type: ignore[valid-type]
+        default_factory=TrainGrid, description="Other training parameters to sweep, as lists."
+    )
+
+
+class SweepConfig(SweepGrid):
+    """A controlled sweep: the shared training settings and the lists to vary."""
+
+    base: TrainConfig = Field(
+        default_factory=TrainConfig, description="Training settings shared by every run."
+    )
+
+
+class TrackingConfig(StrictModel):
+    """Where runs are recorded (MLflow)."""
+
+    tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI; default: MLFLOW_TRACKING_URI or the SQLite file "
+        "mlflow.db in the project. A relative sqlite path is made absolute.",
+    )
+    artifact_root: str | None = Field(
+        None,
+        description="Where new experiments store artifacts; default: mlartifacts/ next to the "
+        "SQLite file (server URIs: the server's default).",
+    )
+    experiment: str | None = Field(
+        None, min_length=1, description="Experiment name; default: towerbench-DATASET-MODEL."
+    )
+    ui_url: str = Field(
+        "http://127.0.0.1:5000", description="MLflow UI address used in report links."
+    )
+
+
+class ReportConfig(StrictModel):
+    """How sweeps are compared."""
+
+    target_accuracy: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Test accuracy for time-to-accuracy; default: 0.95 x the 1-tower mean.",
+    )
+    report_dir: Path = Field(Path("reports"), description="Folder the markdown reports go to.")
+
+
+class PipelineConfig(StrictModel):
+    """fetch -> preprocess (DVC) -> sweep -> report."""
+
+    project_dir: Path = Field(
+        Path("."),
+        description="DVC project (dvc.yaml + params.yaml) the data is built in; fetch and "
+        "preprocess must match its params.yaml.",
+    )
+    fetch: FetchConfig = Field(default_factory=FetchConfig, description="Dataset source.")
+    preprocess: PreprocessConfig = Field(
+        default_factory=PreprocessConfig, description="TFRecord preprocessing."
+    )
+    data: DataConfig = Field(default_factory=DataConfig, description="Data location.")
+    sweep: SweepConfig = Field(default_factory=SweepConfig, description="Runs to compare.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow.")
+    report: ReportConfig = Field(default_factory=ReportConfig, description="Comparison report.")
+
+
+class BenchmarkConfig(StrictModel):
+    """A fixed small sweep on a schedule, compared with its previous run."""
+
+    cron: str = Field(
+        "0 3 * * *",
+        pattern=r"^\S+( \S+){4}$",
+        description="Schedule (cron, 5 fields, in `timezone`); default nightly at 03:00.",
+    )
+    timezone: str = Field(
+        "UTC", description="IANA time zone the cron schedule is read in, e.g. Europe/Berlin."
+    )
+    sweep: SweepConfig = Field(
+        default_factory=lambda: SweepConfig(towers=[1, 2], seeds=[0, 1]),
+        description="The fixed sweep; keep it unchanged so results stay comparable.",
+    )
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_time_zone(cls, timezone: str) -> str:
+        # The tz database's names, less the system's "localtime" link, which Prefect refuses.
+        if timezone == "localtime" or timezone not in available_timezones():
+            raise ValueError(f"{timezone!r} is not an IANA time zone (e.g. UTC, Europe/Berlin)")
+        return timezone
+
+
+class Params(StrictModel):
+    """params.yaml: one section per stage."""
+
+    fetch: FetchConfig = Field(default_factory=FetchConfig)
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    sweep: SweepGrid = Field(default_factory=SweepGrid)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
+    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
+
+    def pipeline(self, project_dir: Path) -> PipelineConfig:
+        """The pipeline these parameters describe (sweep over the `train` settings), building
+        its data in the DVC project `project_dir` (the folder of this params.yaml)."""
+        sweep = SweepConfig(base=self.train, **self.sweep.model_dump(exclude_unset=True))
+        return PipelineConfig(
+            project_dir=project_dir,
+            fetch=self.fetch,
+            preprocess=self.preprocess,
+            data=self.data,
+            sweep=sweep,
+            tracking=self.tracking,
+            report=self.report,
+        )
+
+    def benchmark_pipeline(self, project_dir: Path) -> PipelineConfig:
+        """The scheduled benchmark: the same data and tracking, the benchmark's fixed sweep."""
+        return self.pipeline(project_dir).model_copy(update={"sweep": self.benchmark.sweep})
