@@ -17,7 +17,8 @@ def benchmark(params_file: str = "params.yaml") -> dict[str, Any]:
     finished benchmark in the same experiment (same configurations, data version shown).
 
     Args:
-        params_file: The params.yaml whose `benchmark:` section fixes the sweep.
+        params_file: The params.yaml whose `benchmark:` patch on its `train:` and `sweep:`
+            fixes the sweep.
     """
     path = Path(params_file)
-    return run_pipeline(load(path).benchmark_pipeline(path.resolve().parent), "benchmark")
+    return run_pipeline(load(path).benchmark_params(), path.resolve().parent, "benchmark")

@@ -140,7 +140,9 @@ def _location_namer(params_path: Path | None, options: dict[Key, str]):
             if option is not None:
                 rest = location[length:]
                 return f"{option}[{dotted(rest)}]" if rest else option
-        return f"{params_path}: {dotted(location)}" if params_path else dotted(location)
+        if params_path is None:
+            return dotted(location)
+        return f"{params_path}: {dotted(location)}" if location else str(params_path)
 
     return name_of
 

@@ -14,32 +14,36 @@ from flows.sweep import sweep as sweep_flow
 from ingest import dataset_name
 from model.config import TrainConfig
 from model.errors import TowerbenchError
-from model.params import PipelineConfig
+from model.params import Params
 from tasks.fetch import fetch_task
 from tasks.preprocess import preprocess_task
 from tasks.report import publish_artifact
 
 
-def check_trains_on_fetched_data(config: PipelineConfig) -> None:
+def check_trains_on_fetched_data(params: Params) -> None:
     """The sweep must train on the dataset this pipeline builds, or its data version lies."""
-    fetched = dataset_name(config.fetch)
-    if config.sweep.base.dataset != fetched:
+    fetched = dataset_name(params.fetch)
+    if params.train.dataset != fetched:
         raise TowerbenchError(
-            f"train.dataset: {config.sweep.base.dataset!r} is not the dataset that fetch "
+            f"train.dataset: {params.train.dataset!r} is not the dataset that fetch "
             f"builds ({fetched!r}); set train.dataset to {fetched!r} or change fetch"
         )
 
 
-def run_pipeline(config: PipelineConfig, kind: FlowKind, fresh: bool = False) -> dict[str, Any]:
-    """Bring the data up to date through DVC, then sweep with its hash as the data version."""
-    check_trains_on_fetched_data(config)
-    stages = fetch_task(config.project_dir, config.fetch, config.preprocess, config.data.data_dir)
+def run_pipeline(
+    params: Params, project_dir: Path, kind: FlowKind, fresh: bool = False
+) -> dict[str, Any]:
+    """Bring the data up to date through DVC in the project `project_dir` (the folder of the
+    params file), then sweep with its hash as the data version."""
+    check_trains_on_fetched_data(params)
+    stages = fetch_task(project_dir, params.fetch, params.preprocess, params.data.data_dir)
     data_version = preprocess_task(stages)
     outcome = sweep_flow(
-        sweep=config.sweep,
-        tracking=config.tracking,
-        report=config.report,
-        data=config.data,
+        train=params.train,
+        sweep=params.sweep,
+        tracking=params.tracking,
+        report=params.report,
+        data=params.data,
         data_version=data_version,
         kind=kind,
         fresh=fresh,
@@ -73,5 +77,4 @@ def pipeline(
     path = Path(params_file)
     in_file = load(path, resolve_tracking=False)
     overrides = form_overrides(dataset, sweep, epochs, advanced or {}, in_file.fetch)
-    config = load(path, overrides).pipeline(path.resolve().parent)
-    return run_pipeline(config, "pipeline", fresh)
+    return run_pipeline(load(path, overrides), path.resolve().parent, "pipeline", fresh)

@@ -21,7 +21,7 @@ from typing import Any
 
 from model.config import DataConfig, TrainConfig
 from model.errors import TowerbenchError
-from model.params import ReportConfig, SweepConfig, TrackingConfig
+from model.params import ReportConfig, SweepGrid, TrackingConfig
 from speed.settings import BenchSettings
 from speed.suite import write_synthetic_cifar
 from speed.timing import interleaved, time_once
@@ -72,8 +72,7 @@ def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> d
     config = TrainConfig(
         dataset=DATASET, towers=1, global_batch=128, epochs=settings.orchestration_epochs
     )
-    single = SweepConfig(
-        base=config,
+    single = SweepGrid(
         towers=[1],
         seeds=[config.seed],
         aggregation=[config.aggregation],
@@ -84,7 +83,7 @@ def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> d
     report = ReportConfig(report_dir=work_dir / "reports")
 
     def flow_run() -> None:
-        outcome = sweep(sweep=single, tracking=tracking, report=report, data=data)
+        outcome = sweep(train=config, sweep=single, tracking=tracking, report=report, data=data)
         run = outcome["configs"][0]
         if run["status"] != "completed":
             raise TowerbenchError(

@@ -22,7 +22,7 @@ from prefect.exceptions import TerminationSignal
 
 from model.config import DataConfig, TrainConfig
 from model.errors import TowerbenchError
-from model.params import ReportConfig, SweepConfig, TrackingConfig
+from model.params import ReportConfig, SweepGrid, TrackingConfig
 from model.sweep import expand, group_name, run_name, swept_fields
 from model.tfrecords import dataset_dir
 from tasks.report import make_report
@@ -80,9 +80,10 @@ def _failure_summary(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-@flow(name="sweep", flow_run_name="sweep {sweep.base.dataset}")
+@flow(name="sweep", flow_run_name="sweep {train.dataset}")
 def sweep(
-    sweep: SweepConfig = SweepConfig(),  # noqa: B008 - immutable default shown in the UI form
+    train: TrainConfig = TrainConfig(),  # noqa: B008 - immutable default shown in the UI form
+    sweep: SweepGrid = SweepGrid(),  # noqa: B008
     tracking: TrackingConfig = TrackingConfig(),  # noqa: B008
     report: ReportConfig = ReportConfig(),  # noqa: B008
     data: DataConfig = DataConfig(),  # noqa: B008
@@ -90,7 +91,8 @@ def sweep(
     kind: FlowKind = "sweep",
     fresh: bool = False,
 ) -> dict[str, Any]:
-    """Train every configuration of the sweep (each in its own process), then compare them.
+    """Train `train` with every combination of the `sweep` lists (each run in its own process),
+    then compare them.
 
     A configuration that fails or diverges is recorded as such and the sweep goes on; the sweep
     fails when every configuration failed, and otherwise completes with a "k of n failed"
@@ -99,15 +101,15 @@ def sweep(
     logger = get_run_logger()
     tracking = resolve_tracking(tracking)
     data_dir = Path(data.data_dir).resolve()
-    configs = expand(sweep)
+    configs = expand(train, sweep)
     extra = swept_fields(sweep)
     versions = {
-        dataset: (data_version if dataset == sweep.base.dataset and data_version else None)
+        dataset: (data_version if dataset == train.dataset and data_version else None)
         or manifest_digest(data_dir, dataset)
-        for dataset in dict.fromkeys([sweep.base.dataset, *(c.dataset for c in configs)])
+        for dataset in dict.fromkeys([train.dataset, *(c.dataset for c in configs)])
     }
     key = sweep_key(configs, list(versions.values()), kind)
-    experiment_id = ensure_experiment(tracking, experiment_name(tracking, sweep.base))
+    experiment_id = ensure_experiment(tracking, experiment_name(tracking, train))
     parent_run_id = None if fresh else unfinished_sweep(tracking, experiment_id, key)
     previous = {}
     if parent_run_id is not None:
@@ -119,11 +121,12 @@ def sweep(
         parent_run_id = start_sweep_run(
             tracking,
             experiment_id,
-            name=f"{kind} {sweep.base.dataset} {time.strftime('%Y-%m-%d %H:%M:%S')}",
+            name=f"{kind} {train.dataset} {time.strftime('%Y-%m-%d %H:%M:%S')}",
             flow=kind,
             params={
+                "train": train.model_dump(mode="json"),
                 "sweep": sweep.model_dump(mode="json"),
-                "data_version": versions[sweep.base.dataset],
+                "data_version": versions[train.dataset],
             },
             swept=extra,
             key=key,

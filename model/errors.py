@@ -33,5 +33,6 @@ def describe_validation_error(
     for item in error.errors():
         given = item.get("input")
         shown = f" (got {given!r})" if given is not None and not isinstance(given, dict) else ""
-        problems.append(f"{name_of(tuple(item['loc']))}: {item['msg']}{shown}")
+        message = item["msg"].removeprefix("Value error, ")  # a validator's own ValueError
+        problems.append(f"{name_of(tuple(item['loc']))}: {message}{shown}")
     return "; ".join(problems)

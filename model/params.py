@@ -7,10 +7,10 @@ module puts them together with the orchestration's sections into `Params`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from zoneinfo import available_timezones
 
-from pydantic import Field, create_model, field_validator
+from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 
 from model.config import (
     DataConfig,
@@ -19,6 +19,7 @@ from model.config import (
     StrictModel,
     TrainConfig,
 )
+from model.errors import describe_validation_error, dotted
 
 # Fields the sweep varies through its own named lists; the rest of TrainConfig goes through `grid`.
 SWEEP_AXES = ("towers", "aggregation", "lr_scaling", "warmup_epochs", "seed")
@@ -139,14 +140,6 @@ class SweepGrid(StrictModel):
     )
 
 
-class SweepConfig(SweepGrid):
-    """A controlled sweep: the shared training settings and the lists to vary."""
-
-    base: TrainConfig = Field(
-        default_factory=TrainConfig, description="Training settings shared by every run."
-    )
-
-
 class TrackingConfig(StrictModel):
     """Where runs are recorded (MLflow)."""
 
@@ -180,26 +173,9 @@ class ReportConfig(StrictModel):
     report_dir: Path = Field(Path("reports"), description="Folder the markdown reports go to.")
 
 
-class PipelineConfig(StrictModel):
-    """fetch -> preprocess (DVC) -> sweep -> report."""
-
-    project_dir: Path = Field(
-        Path("."),
-        description="DVC project (dvc.yaml + params.yaml) the data is built in; fetch and "
-        "preprocess must match its params.yaml.",
-    )
-    fetch: FetchConfig = Field(default_factory=FetchConfig, description="Dataset source.")
-    preprocess: PreprocessConfig = Field(
-        default_factory=PreprocessConfig, description="TFRecord preprocessing."
-    )
-    data: DataConfig = Field(default_factory=DataConfig, description="Data location.")
-    sweep: SweepConfig = Field(default_factory=SweepConfig, description="Runs to compare.")
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow.")
-    report: ReportConfig = Field(default_factory=ReportConfig, description="Comparison report.")
-
-
 class BenchmarkConfig(StrictModel):
-    """A fixed small sweep on a schedule, compared with its previous run."""
+    """The scheduled benchmark: the file's `train:` and `sweep:` with this patch on top, on a
+    schedule, compared with its previous run."""
 
     cron: str = Field(
         "0 3 * * *",
@@ -209,9 +185,14 @@ class BenchmarkConfig(StrictModel):
     timezone: str = Field(
         "UTC", description="IANA time zone the cron schedule is read in, e.g. Europe/Berlin."
     )
-    sweep: SweepConfig = Field(
-        default_factory=lambda: SweepConfig(towers=[1, 2], seeds=[0, 1]),
-        description="The fixed sweep; keep it unchanged so results stay comparable.",
+    train: dict[str, Any] = Field(
+        default_factory=dict,
+        description="train: values that differ in the benchmark (e.g. fewer epochs).",
+    )
+    sweep: dict[str, Any] = Field(
+        default_factory=lambda: {"towers": [1, 2]},
+        description="sweep: values that differ in the benchmark; keep the patch and the file "
+        "unchanged so its results stay comparable.",
     )
 
     @field_validator("timezone")
@@ -235,20 +216,22 @@ class Params(StrictModel):
     report: ReportConfig = Field(default_factory=ReportConfig)
     benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
 
-    def pipeline(self, project_dir: Path) -> PipelineConfig:
-        """The pipeline these parameters describe (sweep over the `train` settings), building
-        its data in the DVC project `project_dir` (the folder of this params.yaml)."""
-        sweep = SweepConfig(base=self.train, **self.sweep.model_dump(exclude_unset=True))
-        return PipelineConfig(
-            project_dir=project_dir,
-            fetch=self.fetch,
-            preprocess=self.preprocess,
-            data=self.data,
-            sweep=sweep,
-            tracking=self.tracking,
-            report=self.report,
-        )
+    @model_validator(mode="after")
+    def _benchmark_patch_applies(self) -> Params:
+        self.benchmark_params()
+        return self
 
-    def benchmark_pipeline(self, project_dir: Path) -> PipelineConfig:
-        """The scheduled benchmark: the same data and tracking, the benchmark's fixed sweep."""
-        return self.pipeline(project_dir).model_copy(update={"sweep": self.benchmark.sweep})
+    def benchmark_params(self) -> Params:
+        """These parameters with the benchmark's patch on `train:` and `sweep:`."""
+        patched = {}
+        for section, model in (("train", TrainConfig), ("sweep", SweepGrid)):
+            values = getattr(self, section).model_dump(exclude_unset=True)
+            try:
+                patched[section] = model.model_validate(
+                    {**values, **getattr(self.benchmark, section)}
+                )
+            except ValidationError as error:
+                raise ValueError(
+                    describe_validation_error(error, lambda at: dotted(("benchmark", section, *at)))  # noqa: B023
+                ) from None
+        return self.model_copy(update=patched)

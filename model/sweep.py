@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from model.config import TrainConfig
 from model.errors import TowerbenchError, describe_validation_error
-from model.params import SweepConfig
+from model.params import SweepGrid
 
 
 def canonical(config: TrainConfig) -> TrainConfig:
@@ -43,13 +43,14 @@ def with_budget(values: dict[str, Any], budget: str) -> dict[str, Any]:
     return {**values, **stretched}
 
 
-def swept_fields(sweep: SweepConfig) -> list[str]:
+def swept_fields(sweep: SweepGrid) -> list[str]:
     """Training fields besides the named axes that this sweep varies."""
     return [name for name, values in sweep.grid if values is not None]
 
 
-def expand(sweep: SweepConfig) -> list[TrainConfig]:
-    """One TrainConfig per distinct run in the product of the sweep's lists, in a stable order."""
+def expand(train: TrainConfig, sweep: SweepGrid) -> list[TrainConfig]:
+    """One TrainConfig per distinct run: `train` with each combination of the sweep's lists, in
+    a stable order."""
     axes: dict[str, list[Any]] = {
         "towers": sweep.towers,
         "aggregation": sweep.aggregation,
@@ -60,7 +61,7 @@ def expand(sweep: SweepConfig) -> list[TrainConfig]:
     axes.update({name: getattr(sweep.grid, name) for name in swept_fields(sweep)})
     if sweep.per_tower_batch is not None and "global_batch" in axes:
         raise TowerbenchError("sweep: give either per_tower_batch or grid.global_batch, not both")
-    base = sweep.base.model_dump()
+    base = train.model_dump()
     runs: list[TrainConfig] = []
     seen: set[str] = set()
     for combination in itertools.product(*axes.values()):

@@ -107,7 +107,7 @@ def test_options_override_the_file_and_paths_follow_where_they_were_given(
     )
     assert sweep.data.data_dir == project / "shared-data"  # the file's data section counts
     assert sweep.report.report_dir == tmp_path / "here"  # an option's path is the shell's
-    assert sweep.sweep.grid.epochs == [1.0, 2.0] and sweep.sweep.base.global_batch == 64
+    assert sweep.sweep.grid.epochs == [1.0, 2.0] and sweep.train.global_batch == 64
 
 
 def test_one_message_names_the_file_key_and_the_option_as_typed(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from flows.commands.orchestrate import sweep_run_from_args
 from flows.params import load
 from model.config import TrainConfig
 from model.errors import TowerbenchError
-from model.params import SweepConfig, TrackingConfig
+from model.params import SweepGrid, TrackingConfig
 from model.sweep import expand, run_name
 from tasks.tracking import resolve_tracking
 
@@ -19,8 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_product_of_the_lists_with_equivalent_runs_collapsed() -> None:
-    sweep = SweepConfig(
-        base=TrainConfig(reference_batch=128),
+    sweep = SweepGrid(
         towers=[1, 4],
         aggregation=["mean", "sum"],
         lr_scaling=["none", "linear", "sqrt"],
@@ -28,7 +27,7 @@ def test_product_of_the_lists_with_equivalent_runs_collapsed() -> None:
         seeds=[0, 1],
         per_tower_batch=128,
     )
-    runs = expand(sweep)
+    runs = expand(TrainConfig(reference_batch=128), sweep)
     names = [run_name(run) for run in runs]
     # 1 tower (batch 128 = reference): every rule, warmup and aggregation is the same run.
     assert [name for name in names if name.startswith("towers=1")] == [
@@ -42,11 +41,11 @@ def test_product_of_the_lists_with_equivalent_runs_collapsed() -> None:
 
 
 def test_any_training_field_can_be_swept_and_invalid_combinations_are_named() -> None:
-    sweep = SweepConfig(towers=[2], seeds=[0], grid={"epochs": [1, 3], "optimizer": ["sgd"]})
-    assert sorted(run.epochs for run in expand(sweep)) == [1, 3]
-    assert "epochs=3" in run_name(expand(sweep)[1], ["epochs"])
+    sweep = SweepGrid(towers=[2], seeds=[0], grid={"epochs": [1, 3], "optimizer": ["sgd"]})
+    assert sorted(run.epochs for run in expand(TrainConfig(), sweep)) == [1, 3]
+    assert "epochs=3" in run_name(expand(TrainConfig(), sweep)[1], ["epochs"])
     with pytest.raises(TowerbenchError, match="per_tower_batch or grid.global_batch"):
-        expand(SweepConfig(per_tower_batch=8, grid={"global_batch": [8, 16]}))
+        expand(TrainConfig(), SweepGrid(per_tower_batch=8, grid={"global_batch": [8, 16]}))
 
 
 def test_params_file_unknown_key_and_wrong_type_name_file_and_key(tmp_path) -> None:
@@ -63,15 +62,30 @@ def test_params_file_unknown_key_and_wrong_type_name_file_and_key(tmp_path) -> N
 
 def test_project_params_build_the_default_pipeline_with_absolute_locations() -> None:
     params = load(ROOT / "params.yaml")
-    pipeline = params.pipeline(ROOT)
-    runs = expand(pipeline.sweep)
+    runs = expand(params.train, params.sweep)
     assert sorted((run.towers, run.seed) for run in runs) == [
         (towers, seed) for towers in (1, 2, 4) for seed in (0, 1)
     ]
     assert {run.aggregation for run in runs} == {"mean"}
     assert {run.lr_scaling for run in runs if run.towers > 1} == {"linear"}
-    assert pipeline.data.data_dir.is_absolute() and pipeline.report.report_dir.is_absolute()
+    assert params.data.data_dir.is_absolute() and params.report.report_dir.is_absolute()
     assert params.benchmark.cron.split()[1:] == ["3", "*", "*", "*"]  # nightly
+    nightly = params.benchmark_params()  # the same sweep, patched
+    assert {(run.towers, run.epochs) for run in expand(nightly.train, nightly.sweep)} == {
+        (1, 6),
+        (2, 6),
+    }
+    assert nightly.train.base_lr == params.train.base_lr
+
+
+def test_a_benchmark_patch_is_checked_where_it_is_written(tmp_path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text("benchmark:\n  train: {epochs: -1}\n")
+    with pytest.raises(TowerbenchError, match=r"params.yaml: benchmark.train.epochs: .*than 0"):
+        load(path)
+    path.write_text("benchmark:\n  sweep: {tower: [1]}\n")
+    with pytest.raises(TowerbenchError, match=r"params.yaml: benchmark.sweep.tower: Extra"):
+        load(path)
 
 
 def test_tracking_uri_resolution(tmp_path, monkeypatch) -> None:
@@ -88,7 +102,7 @@ def test_tracking_uri_resolution(tmp_path, monkeypatch) -> None:
         resolve_tracking(TrackingConfig(tracking_uri="mlflow.db"))
 
 
-def test_sweep_options_split_into_base_axes_and_grid() -> None:
+def test_sweep_options_split_into_train_axes_and_grid() -> None:
     args = build_parser().parse_args(
         [
             "sweep",
@@ -106,10 +120,10 @@ def test_sweep_options_split_into_base_axes_and_grid() -> None:
             "none",
         ]
     )
-    sweep = sweep_run_from_args(args).sweep
-    assert sweep.towers == [1, 2, 4] and sweep.seeds == [0, 1]
-    assert sweep.grid.epochs == [2.0, 4.0]
-    assert sweep.base.base_lr == 0.2 and sweep.base.crop_size is None
+    params = sweep_run_from_args(args)
+    assert params.sweep.towers == [1, 2, 4] and params.sweep.seeds == [0, 1]
+    assert params.sweep.grid.epochs == [2.0, 4.0]
+    assert params.train.base_lr == 0.2 and params.train.crop_size is None
     bad = build_parser().parse_args(["sweep", "--towers", "1,zero"])
     with pytest.raises(TowerbenchError, match="--towers"):
         sweep_run_from_args(bad)
@@ -132,7 +146,7 @@ def test_a_sweep_preset_is_the_experiment_and_options_still_win(tmp_path: Path) 
     )
     (tmp_path / "params.yaml").write_text(text)
     params = load(tmp_path / "params.yaml")
-    runs = expand(params.pipeline(tmp_path).sweep)
+    runs = expand(params.train, params.sweep)
     assert {run.dataset for run in runs} == {"digits"}
     assert {(run.towers, run.epochs, run.lr_scaling) for run in runs} == {
         (1, 5, "none"),
@@ -145,9 +159,11 @@ def test_a_sweep_preset_is_the_experiment_and_options_still_win(tmp_path: Path) 
     args = build_parser().parse_args(
         ["sweep", "--params", str(tmp_path / "params.yaml"), "--epochs", "2"]
     )
-    assert {run.epochs for run in expand(sweep_run_from_args(args).sweep)} == {2, 8}
+    patched = sweep_run_from_args(args)
+    assert {run.epochs for run in expand(patched.train, patched.sweep)} == {2, 8}
     args = build_parser().parse_args(["sweep", "--preset", "cure-bn", "--seeds", "0"])
-    bn_runs = expand(sweep_run_from_args(args).sweep)
+    bn = sweep_run_from_args(args)
+    bn_runs = expand(bn.train, bn.sweep)
     assert [(run.model, run.optimizer, run.decay, run.towers) for run in bn_runs] == [
         ("tutorial_bn", "nesterov", "linear", 1),
         ("tutorial_bn", "nesterov", "linear", 4),

@@ -88,7 +88,7 @@ def test_warmup_and_decay_values():
 def test_updates_budget_gives_every_run_the_reference_number_of_steps():
     """`budget: updates`: 4 towers train 4x the epochs, and the LR is the same function of the
     optimizer step as the 1-tower run's (after the peak is scaled)."""
-    from model.params import SweepConfig
+    from model.params import SweepGrid
     from model.sweep import expand
 
     base = TrainConfig(
@@ -100,15 +100,15 @@ def test_updates_budget_gives_every_run_the_reference_number_of_steps():
         decay_boundaries=[3],
     )
     runs = expand(
-        SweepConfig(
-            base=base,
+        base,
+        SweepGrid(
             towers=[1, 4],
             lr_scaling=["linear"],
             warmup_epochs=[1],
             seeds=[0],
             per_tower_batch=128,
             budget="updates",
-        )
+        ),
     )
     one, four = runs
     assert (one.epochs, four.epochs) == (5, 20)

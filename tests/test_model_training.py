@@ -196,7 +196,7 @@ def test_divergence_is_relative_to_chance(cross_entropy, total_loss, expected):
         (["--towers", "0"], "--towers: Input should be greater than or equal to 1"),
         (
             ["--towers", "3", "--global-batch", "128"],
-            "--global-batch: Value error, 128 is not divisible by --towers 3",
+            "--global-batch: 128 is not divisible by --towers 3",
         ),
         (["--towers", "1000", "--global-batch", "1000"], "--towers 1000 exceeds the 600 training"),
         (["--global-batch", "1024"], "--global-batch 1024 exceeds the 600 training examples"),

@@ -22,7 +22,6 @@ from model.config import DataConfig, TrainConfig
 from model.params import (
     SWEEP_AXES,
     Params,
-    PipelineConfig,
     ReportConfig,
     SweepGrid,
     TrackingConfig,
@@ -70,15 +69,14 @@ def _training_overrides(args: argparse.Namespace) -> list[Override]:
     return overrides
 
 
-def _checked(params: Params, project_dir: Path) -> PipelineConfig:
-    """The run these parameters describe; an invalid combination of the sweep's lists is refused
-    here, before Prefect and TensorFlow are loaded."""
-    config = params.pipeline(project_dir)
-    expand(config.sweep)
-    return config
+def _checked(params: Params) -> Params:
+    """`params`, once an invalid combination of the sweep's lists is refused (here, before
+    Prefect and TensorFlow are loaded)."""
+    expand(params.train, params.sweep)
+    return params
 
 
-def sweep_run_from_args(args: argparse.Namespace) -> PipelineConfig:
+def sweep_run_from_args(args: argparse.Namespace) -> Params:
     """What `towerbench sweep` runs: `--params` (if given) with the options on top."""
     overrides = [
         *overrides_from_args(SweepGrid, args),
@@ -87,8 +85,7 @@ def sweep_run_from_args(args: argparse.Namespace) -> PipelineConfig:
         *overrides_from_args(ReportConfig, args),
         *overrides_from_args(TrackingConfig, args),
     ]
-    project_dir = args.params.resolve().parent if args.params is not None else Path.cwd()
-    return _checked(load(args.params, overrides), project_dir)
+    return _checked(load(args.params, overrides))
 
 
 def _result(outcome: dict[str, Any]) -> CommandResult:
@@ -113,15 +110,16 @@ def _result(outcome: dict[str, Any]) -> CommandResult:
 
 
 def run_sweep_command(args: argparse.Namespace) -> CommandResult:
-    config = sweep_run_from_args(args)
-    _prepare_prefect(config.tracking.tracking_uri)
+    params = sweep_run_from_args(args)
+    _prepare_prefect(params.tracking.tracking_uri)
     from flows.sweep import sweep
 
     outcome = sweep(
-        sweep=config.sweep,
-        tracking=config.tracking,
-        report=config.report,
-        data=config.data,
+        train=params.train,
+        sweep=params.sweep,
+        tracking=params.tracking,
+        report=params.report,
+        data=params.data,
         fresh=args.fresh,
     )
     return _result(outcome)
@@ -130,9 +128,8 @@ def run_sweep_command(args: argparse.Namespace) -> CommandResult:
 def run_pipeline_command(args: argparse.Namespace) -> CommandResult:
     """The deployment's flow, with the form's values taken from the file and the options."""
     overrides = overrides_from_args(TrackingConfig, args)
-    params = load(args.params, overrides)
-    config = _checked(params, args.params.resolve().parent)
-    _prepare_prefect(config.tracking.tracking_uri)
+    params = _checked(load(args.params, overrides))
+    _prepare_prefect(params.tracking.tracking_uri)
     from flows.pipeline import pipeline
     from flows.run_form import form_parameters
 
