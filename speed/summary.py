@@ -30,13 +30,13 @@ def _rounded(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def summarize(
+def speed_summary(
     results: dict[str, Any],
     orchestration: dict[str, Any],
     machine: dict[str, Any],
     settings,
 ) -> dict[str, Any]:
-    """The JSON summary (the last line of `towerbench bench --json`)."""
+    """The JSON summary of the speed benchmarks (`towerbench bench --json`)."""
     fixed = settings.fixed_global_batch
     single = _step_seconds(results, "towerbench", 1, fixed)
     overhead = {

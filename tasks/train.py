@@ -21,7 +21,9 @@ from prefect import get_run_logger, task
 from prefect.artifacts import update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
+from model.errors import TowerbenchError
 from model.params import TrackingConfig
+from model.tfrecords import dataset_dir, load_manifest
 from tasks.tracking import mark_failed, mark_killed
 from tasks.train_worker import EVENT_PREFIX, WorkerRequest
 
@@ -131,6 +133,11 @@ def train_configuration(
             fraction = min(max(epoch / epochs, 0.0), 1.0)
             update_progress_artifact(progress_artifact, start + (end - start) * fraction)
 
+    try:  # a dataset that is not there fails at once, without starting a process
+        load_manifest(dataset_dir(request.data_dir, request.config.dataset))
+    except TowerbenchError as error:
+        mark_failed(tracking, request.run_id, str(error), "")
+        raise TrainingFailed(f"{name}: {error}") from None
     try:
         outcome = run_training_process(request, on_event)
     except BaseException:  # Ctrl-C, SIGTERM: the process is stopped; never leave its run RUNNING

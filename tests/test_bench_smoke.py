@@ -18,7 +18,7 @@ import tensorflow as tf
 from model.networks import build_network
 from speed.flops import count_step_flops
 from speed.settings import BenchSettings
-from speed.summary import summarize, target_rows
+from speed.summary import speed_summary, target_rows
 from speed.timing import interleaved
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
@@ -90,7 +90,7 @@ def test_every_configuration_is_measured(tiny_results: dict) -> None:
 def test_summary_has_the_issue_shape_and_correct_ratios(tiny_results: dict) -> None:
     settings = BenchSettings(**TINY)
     orchestration = {"overhead_seconds": 6.0}
-    summary = summarize(tiny_results, orchestration, {"cpu": "test"}, settings)
+    summary = speed_summary(tiny_results, orchestration, {"cpu": "test"}, settings)
     assert list(summary) == [
         "tower_overhead",
         "vs_keras_mirrored",

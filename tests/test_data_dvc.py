@@ -51,24 +51,21 @@ def test_repro_status_push_pull_and_content_hash(repo):
     params = repo / "params.yaml"
     params.write_text(params.read_text().replace("shards: 4", "shards: 2"))
     assert "preprocess" in _run_dvc(repo, "status").stdout
-    assert update_dataset(DataStages(repo, repo)) != version
-
-
-def test_a_dataset_params_yaml_does_not_describe_is_built_beside_it(repo):
-    """Other settings (a form's) get a DVC stage folder of their own; params.yaml is not edited."""
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "project"], cwd=repo, check=True)
     own = update_dataset(DataStages(repo, repo))
-    other = PreprocessConfig(shards=2)
-    stages = data_stages(repo, FetchConfig(name="digits-2"), other, repo / "data")
-    assert stages.folder == repo / "datasets" / "digits-2"
-    version = update_dataset(stages)
+    assert own != version
+
+    # Other settings (a Prefect form's) get a DVC stage folder of their own; params.yaml is not
+    # edited, and DVC tracks both datasets.
+    text = params.read_text()
+    other = PreprocessConfig(shards=3)
+    stages = data_stages(repo, FetchConfig(name="digits-3"), other, repo / "data")
+    assert stages.folder == repo / "datasets" / "digits-3"
+    other_version = update_dataset(stages)
     lock = yaml.safe_load((stages.folder / "dvc.lock").read_text())
-    assert version == lock["stages"]["preprocess"]["outs"][0]["md5"] != own
-    assert len(load_manifest(dataset_dir(repo / "data", "digits-2")).splits["train"].files) == 2
-    assert subprocess.run(["git", "diff", "--exit-code", "params.yaml"], cwd=repo).returncode == 0
-    assert "up to date" in _run_dvc(repo, "status").stdout  # DVC tracks both datasets
+    assert other_version == lock["stages"]["preprocess"]["outs"][0]["md5"] != own
+    assert len(load_manifest(dataset_dir(repo / "data", "digits-3")).splits["train"].files) == 3
+    assert params.read_text() == text
+    assert "up to date" in _run_dvc(repo, "status").stdout
     # The same name with other settings would overwrite params.yaml's data: refused by field.
-    with pytest.raises(TowerbenchError, match=r"preprocess.shards: 2 in the form, 4 in params"):
+    with pytest.raises(TowerbenchError, match=r"preprocess.shards: 3 in the form, 2 in params"):
         data_stages(repo, FetchConfig(name="digits"), other, repo / "data")

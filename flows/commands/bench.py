@@ -71,7 +71,7 @@ def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, An
         measure_preprocessing,
         measure_steps,
     )
-    from speed.summary import summarize
+    from speed.summary import speed_summary
 
     machine = describe_machine(devices)
     _say(f"{settings.mode} run on {machine['tower_devices']} devices ({machine['cpu']})")
@@ -84,7 +84,7 @@ def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, An
     results["preprocess"] = measure_preprocessing(work_dir, settings)
     _say("orchestration: Prefect flow + MLflow against a direct train() call")
     results["orchestration"] = measure_orchestration_overhead(work_dir, settings)
-    return summarize(results, results["orchestration"], machine, settings), results
+    return speed_summary(results, results["orchestration"], machine, settings), results
 
 
 def run_bench(args: argparse.Namespace) -> CommandResult:
