@@ -29,11 +29,15 @@ def render_markdown(
         "# Benchmarks",
         "",
         f"Written by `towerbench bench` ({settings.mode} run, {time.strftime('%Y-%m-%d %H:%M')}, "
-        f"{seconds / 60:.1f} minutes). Every figure is a median of {settings.repeats} repeats "
-        f"after {settings.warmup} warm-up round (orchestration: {settings.orchestration_repeats} "
-        f"after {settings.orchestration_warmup}). The candidates of each comparison are timed "
-        "round-robin in the same run, so a ratio sees one machine load. Regenerate with "
-        "`make bench`.",
+        f"{seconds / 60:.1f} minutes). The candidates of each comparison are timed round-robin "
+        "in the same run, so a ratio sees one machine load; a step ratio is the geometric mean "
+        "of the per-round ratios with its 95% interval [low, high], and rounds went on (at "
+        f"least {settings.repeats} after {settings.warmup} warm-up) until every interval was "
+        f"within ±{settings.precision:.0%} or {settings.max_step_seconds:.0f} s had passed. A "
+        "target is met when the whole interval meets it; an interval that straddles it is too "
+        "wide to judge. Other figures are medians (orchestration: "
+        f"{settings.orchestration_repeats} repeats after {settings.orchestration_warmup}). "
+        "Regenerate with `make bench`.",
         "",
         "## Machine",
         "",

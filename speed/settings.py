@@ -7,11 +7,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """Sizes and repeat counts; every figure is a median of `repeats` after `warmup` rounds."""
+    """Sizes and repeat counts. Every figure is a median of at least `repeats` rounds after
+    `warmup`; the step group adds rounds until each judged ratio's 95% interval is within
+    ±`precision`, or `max_step_seconds` have passed."""
 
     mode: str
     repeats: int = 5
     warmup: int = 1
+    precision: float = 0.03
+    max_step_seconds: float = 900.0
     towers: tuple[int, ...] = (1, 2, 4, 8)
     fixed_global_batch: int = 512  # tower overhead: same work split k ways
     per_tower_batch: int = 128  # weak scaling: work grows with k (as when adding GPUs)
@@ -38,6 +42,7 @@ class BenchSettings:
         return cls(
             mode="quick",
             repeats=3,
+            max_step_seconds=60.0,
             per_tower_towers=(1, 4),  # only what the Keras comparison needs
             examples_per_repeat=128,
             pipeline_examples=3_000,

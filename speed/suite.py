@@ -1,7 +1,8 @@
 """Runs the pure-TensorFlow benchmarks (1-5 of issue 5) and returns their raw medians.
 
 All step-level candidates (our tower step at every tower count and batch, the Keras peer, the
-matmul roofline) are timed round-robin in one group, so their ratios see the same machine load.
+matmul roofline) are timed round-robin in one group, so their ratios see the same machine load;
+rounds go on until every judged ratio's 95% interval is within ±`precision` (or the time cap).
 """
 
 from __future__ import annotations
@@ -38,6 +39,21 @@ def step_configurations(settings: BenchSettings) -> list[StepKey]:
     return list(dict.fromkeys(keys))
 
 
+def ratio_pairs(settings: BenchSettings) -> list[tuple[StepKey, StepKey]]:
+    """The (numerator, denominator) timings of every ratio the targets judge."""
+    fixed, per_tower = settings.fixed_global_batch, settings.per_tower_batch
+    pairs = [(("towerbench", k, fixed), ("towerbench", 1, fixed)) for k in settings.towers if k > 1]
+    pairs += [
+        (("towerbench", k, k * per_tower), ("keras_mirrored", k, k * per_tower))
+        for k in settings.keras_towers
+    ]
+    pairs += [
+        (("matmul", 1, size), ("towerbench", 1, settings.roofline_batch))
+        for size in settings.roofline_sizes
+    ]
+    return pairs
+
+
 def measure_steps(
     devices: TowerDevices, settings: BenchSettings, config: TrainConfig
 ) -> dict[str, Any]:
@@ -53,7 +69,14 @@ def measure_steps(
             )
     for size in settings.roofline_sizes:
         runs[("matmul", 1, size)] = matmul_runner(size, devices.devices[0])
-    timings = interleaved(runs, settings.repeats, settings.warmup)
+    timings = interleaved(
+        runs,
+        settings.repeats,
+        settings.warmup,
+        pairs=ratio_pairs(settings),
+        precision=settings.precision,
+        max_seconds=settings.max_step_seconds,
+    )
     steps = [
         {
             "runner": runner,
@@ -70,7 +93,10 @@ def measure_steps(
         str(size): matmul_flops(size) / timings[("matmul", 1, size)].median
         for size in settings.roofline_sizes
     }
-    return {"steps": steps, "matmul_flops_per_sec": roofline}
+    matmul_seconds = {
+        str(size): list(timings[("matmul", 1, size)].seconds) for size in settings.roofline_sizes
+    }
+    return {"steps": steps, "matmul_flops_per_sec": roofline, "matmul_seconds": matmul_seconds}
 
 
 def _random_images(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

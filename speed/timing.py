@@ -1,17 +1,23 @@
-"""Median wall times, with competing measurements interleaved so load drift hits them alike.
+"""Wall times with competing measurements interleaved so load drift hits them alike, and the
+confidence interval of their ratios.
 
 The CPU here is shared (and on any machine clocks and caches drift), so a ratio of two figures
 measured minutes apart mixes the thing measured with whatever else ran meanwhile. Running one
-repeat of every candidate per round, round after round, exposes all of them to the same load.
+repeat of every candidate per round, round after round, exposes all of them to the same load; the
+ratio of one round's two times is then one sample, and rounds go on until every ratio asked for
+is known to the precision asked for (or time runs out).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
+
+from scipy import stats
 
 Key = TypeVar("Key", bound=Hashable)
 
@@ -34,10 +40,52 @@ def time_once(run: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+@dataclass(frozen=True)
+class RatioInterval:
+    """The ratio of two interleaved timings (geometric mean of the per-round ratios) and its
+    confidence interval; `low`/`high` are NaN below 2 rounds."""
+
+    ratio: float
+    low: float
+    high: float
+    rounds: int
+
+    @property
+    def relative_half_width(self) -> float:
+        """How far the interval reaches from the ratio, as a fraction of it (inf if unknown)."""
+        if math.isnan(self.low):
+            return math.inf
+        return max(self.high / self.ratio - 1, 1 - self.low / self.ratio)
+
+
+def ratio_interval(
+    numerator: Sequence[float], denominator: Sequence[float], confidence: float = 0.95
+) -> RatioInterval:
+    """Student-t interval of the mean log ratio of paired rounds, mapped back to a ratio."""
+    logs = [math.log(a / b) for a, b in zip(numerator, denominator, strict=True)]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return RatioInterval(math.exp(mean), math.nan, math.nan, len(logs))
+    margin = stats.t.ppf((1 + confidence) / 2, len(logs) - 1) * (
+        statistics.stdev(logs) / math.sqrt(len(logs))
+    )
+    return RatioInterval(
+        math.exp(mean), math.exp(mean - margin), math.exp(mean + margin), len(logs)
+    )
+
+
 def interleaved(
-    runs: Mapping[Key, Callable[[], float]], repeats: int, warmup: int = 1
+    runs: Mapping[Key, Callable[[], float]],
+    repeats: int,
+    warmup: int = 1,
+    *,
+    pairs: Sequence[tuple[Key, Key]] = (),
+    precision: float = 0.03,
+    max_seconds: float = 0.0,
 ) -> dict[Key, Timing]:
-    """Call every run `warmup + repeats` times, one call of each per round.
+    """Call every run `warmup + repeats` times, one call of each per round; then, while some
+    ratio of `pairs` has a 95% interval wider than ±`precision` and `max_seconds` (from the
+    start) have not passed, more rounds.
 
     Each run measures itself and returns seconds per unit of work (a step, a product), so it can
     leave set-up it does not want timed out of the figure. Warm-up rounds absorb tracing, graph
@@ -45,10 +93,22 @@ def interleaved(
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    started = time.monotonic()
     seconds: dict[Key, list[float]] = {name: [] for name in runs}
-    for round_index in range(warmup + repeats):
+
+    def precise() -> bool:
+        return all(
+            ratio_interval(seconds[a], seconds[b]).relative_half_width <= precision
+            for a, b in pairs
+        )
+
+    round_index = 0
+    while round_index < warmup + repeats or (
+        time.monotonic() - started < max_seconds and not precise()
+    ):
         for name, run in runs.items():
             elapsed = run()
             if round_index >= warmup:
                 seconds[name].append(elapsed)
+        round_index += 1
     return {name: Timing(tuple(values)) for name, values in seconds.items()}
