@@ -9,8 +9,7 @@ from prefect import flow
 
 from flows.params import load
 from flows.run_form import DatasetChoice, SweepChoice, form_overrides
-from flows.sweep import FlowKind
-from flows.sweep import sweep as sweep_flow
+from flows.sweep import FlowKind, sweep_params
 from ingest import dataset_name
 from model.config import TrainConfig
 from model.errors import TowerbenchError
@@ -38,16 +37,7 @@ def run_pipeline(
     check_trains_on_fetched_data(params)
     stages = fetch_task(project_dir, params.fetch, params.preprocess, params.data.data_dir)
     data_version = preprocess_task(stages)
-    outcome = sweep_flow(
-        train=params.train,
-        sweep=params.sweep,
-        tracking=params.tracking,
-        report=params.report,
-        data=params.data,
-        data_version=data_version,
-        kind=kind,
-        fresh=fresh,
-    )
+    outcome = sweep_params(params, data_version=data_version, kind=kind, fresh=fresh)
     # The top-level run shows the report too, with where to find it.
     lead = f"MLflow parent run: {outcome['mlflow_url']}\n\n"
     publish_artifact(Path(outcome["report"]), key=f"{kind}-report", lead=lead)

@@ -22,7 +22,7 @@ from prefect.exceptions import TerminationSignal
 
 from model.config import DataConfig, TrainConfig
 from model.errors import TowerbenchError
-from model.params import ReportConfig, SweepGrid, TrackingConfig
+from model.params import Params, ReportConfig, SweepGrid, TrackingConfig
 from model.sweep import expand, group_name, run_name, swept_fields
 from model.tfrecords import dataset_dir
 from tasks.report import make_report
@@ -212,3 +212,16 @@ def sweep(
         "configs": summaries,
         "report": report_path,
     }
+
+
+def sweep_params(params: Params, **options: Any) -> dict[str, Any]:
+    """The sweep that `params` describes (its train, sweep, tracking, report and data sections);
+    `options` are the flow's other parameters (data_version, kind, fresh)."""
+    return sweep(
+        train=params.train,
+        sweep=params.sweep,
+        tracking=params.tracking,
+        report=params.report,
+        data=params.data,
+        **options,
+    )

@@ -13,18 +13,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-CIFAR10_CLASSES = [
-    "airplane",
-    "automobile",
-    "bird",
-    "cat",
-    "deer",
-    "dog",
-    "frog",
-    "horse",
-    "ship",
-    "truck",
-]
+from speed.preprocess_rate import CIFAR10_CLASSES
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:

@@ -73,7 +73,7 @@ def test_cifar10_over_http_gives_the_archive_images_and_labels(tmp_path, cifar10
         assert main(_fetch_argv("cifar10", f"{url}/c.tar.gz", _md5(archive), data)) == 0
     assert main(["preprocess", "cifar10", "--data-dir", str(data), "--shards", "3"]) == 0
     manifest = load_manifest(dataset_dir(data, "cifar10"))
-    assert manifest.classes == CIFAR10_CLASSES
+    assert manifest.classes == list(CIFAR10_CLASSES)
     assert manifest.image_shape == [32, 32, 3]
     assert manifest.source["md5"] == _md5(archive)
     assert manifest.splits["train"].examples == 100

@@ -112,17 +112,9 @@ def _result(outcome: dict[str, Any]) -> CommandResult:
 def run_sweep_command(args: argparse.Namespace) -> CommandResult:
     params = sweep_run_from_args(args)
     _prepare_prefect(params.tracking.tracking_uri)
-    from flows.sweep import sweep
+    from flows.sweep import sweep_params
 
-    outcome = sweep(
-        train=params.train,
-        sweep=params.sweep,
-        tracking=params.tracking,
-        report=params.report,
-        data=params.data,
-        fresh=args.fresh,
-    )
-    return _result(outcome)
+    return _result(sweep_params(params, fresh=args.fresh))
 
 
 def run_pipeline_command(args: argparse.Namespace) -> CommandResult:
