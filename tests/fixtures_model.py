@@ -19,15 +19,18 @@ LOGICAL_CPUS = 4
 split_cpu(LOGICAL_CPUS)
 
 
-def write_digits(data_dir: Path, train: int = 600, test: int = 103, shards: int = 2) -> Path:
-    """sklearn's 8x8 digits as DATA_DIR/tfrecords/digits (`train` + `test` examples)."""
+def write_digits(
+    data_dir: Path, train: int = 600, test: int = 103, shards: int = 2, name: str = "digits"
+) -> Path:
+    """sklearn's 8x8 digits as DATA_DIR/tfrecords/<name> (`train` + `test` examples), scaled
+    from 0-16 to 0-255 as the embedded `digits` source does."""
     digits = load_digits()
     images = np.round(digits.images * 255 / 16).astype(np.uint8)[..., None]  # (N, 8, 8, 1)
     order = np.random.default_rng(0).permutation(len(images))
     images, labels = images[order], digits.target[order]
     write_dataset(
-        dataset_dir(data_dir, "digits"),
-        "digits",
+        dataset_dir(data_dir, name),
+        name,
         [str(digit) for digit in range(10)],
         {
             "train": (images[:train], labels[:train]),

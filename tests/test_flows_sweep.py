@@ -12,16 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fixtures_model
 import mlflow
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 from prefect.settings import PREFECT_API_URL
 from prefect.testing.utilities import prefect_test_harness
-from sklearn.datasets import load_digits
 
 from flows.cli import main
-from ingest.write_records import write_dataset
 from model.config import TrainConfig
 from model.params import TrackingConfig
 from model.tfrecords import dataset_dir
@@ -46,18 +45,8 @@ TINY_TRAINING = {
 
 
 def write_tiny_digits(data_dir: Path) -> None:
-    """240 training and 80 test images of the real 8x8 digits."""
-    digits = load_digits()
-    images = (digits.images * 16).clip(0, 255).astype(np.uint8)[..., None]  # (N, 8, 8, 1)
-    labels = digits.target
-    write_dataset(
-        dataset_dir(data_dir, "tiny"),
-        "tiny",
-        [str(digit) for digit in range(10)],
-        {"train": (images[:240], labels[:240]), "test": (images[240:320], labels[240:320])},
-        shards=2,
-        source={"test": "tiny digits"},
-    )
+    """240 training and 80 test images of the real 8x8 digits, as dataset `tiny`."""
+    fixtures_model.write_digits(data_dir, train=240, test=80, name="tiny")
 
 
 # Paths relative to the file's folder; the command runs from another folder.

@@ -29,8 +29,7 @@ def _fetch(args: argparse.Namespace) -> int:
         raise TowerbenchError(f"unknown dataset {args.dataset!r} (choose from {choices})")
     given = [Override(FetchConfig, "source", args.dataset, "DATASET")] if args.dataset else []
     params = _params(args, FetchConfig, given)
-    import_tensorflow()
-    from ingest import dataset_name, fetch
+    from ingest import dataset_name, fetch  # no TensorFlow: fetching only moves files
 
     folder = fetch(params.fetch, params.data.data_dir)
     print(f"fetched {params.fetch.source} as {dataset_name(params.fetch)!r} into {folder}")
