@@ -1,9 +1,11 @@
-"""Test isolation: every tool's home, cache and store points into one temporary directory."""
+"""Test isolation: every tool's home, cache and store points into one temporary directory; and the
+logical CPU devices the in-process TensorFlow tests run their towers on."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -27,3 +29,15 @@ os.environ.pop("MLFLOW_RUN_ID", None)
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001 - pytest hook signature
     shutil.rmtree(_SANDBOX, ignore_errors=True)
+
+
+def pytest_collection_finish(session):  # noqa: ARG001 - pytest hook signature
+    """Split the CPU into logical devices once collection has imported TensorFlow and before any
+    test runs an op, so one pytest process can test 1, 2 and 4 towers (a run without TensorFlow
+    tests never imports it)."""
+    if "tensorflow" in sys.modules:
+        from fixtures_model import LOGICAL_CPUS
+
+        from model.devices import split_cpu
+
+        split_cpu(LOGICAL_CPUS)

@@ -1,8 +1,5 @@
-"""Shared pieces of the model tests: logical CPU towers and tiny TFRecord datasets.
-
-Importing this module asks for LOGICAL_CPUS logical CPU devices. Test modules are imported during
-collection, before any test runs a TensorFlow op, so one pytest process can test 1, 2 and 4 towers.
-"""
+"""Shared pieces of the model tests: tiny TFRecord datasets of the real digits, and how many
+logical CPU devices the test session has (conftest.py asks for them)."""
 
 from __future__ import annotations
 
@@ -12,11 +9,9 @@ import numpy as np
 from sklearn.datasets import load_digits
 
 from ingest.write_records import write_dataset
-from model.devices import split_cpu
 from model.tfrecords import dataset_dir
 
 LOGICAL_CPUS = 4
-split_cpu(LOGICAL_CPUS)
 
 
 def write_digits(
