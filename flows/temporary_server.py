@@ -16,6 +16,7 @@ import subprocess
 import types
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+STOP_GRACE_SECONDS = 2
 
 
 def _end_with_parent() -> None:
@@ -44,5 +45,18 @@ def start_owned_temporary_server(timeout_seconds: int) -> None:
                 return super()._run_uvicorn_command()
             finally:
                 prefect_server.subprocess = original
+
+        def stop(self) -> None:
+            # Stopped at our exit, when nothing waits on its answers any more: 2 s to shut down
+            # (Prefect waits 5), then killed, so Ctrl-C ends the command within seconds.
+            process = self.server_process
+            if process is not None and process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=STOP_GRACE_SECONDS)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            super().stop()
 
     OwnedServer().start(timeout=timeout_seconds)  # registered as Prefect's default server
