@@ -119,7 +119,7 @@ def data_stages(
     project = Path(project).resolve()
     name = dataset_name(fetch)
     asked = {"fetch": fetch.model_copy(update={"name": name}), "preprocess": preprocess}
-    declared = _declared(project, asked)
+    declared = _declared(project, {**asked, "data": DataConfig()})  # params.yaml read once
     own_name = dataset_name(declared["fetch"])
     declared["fetch"] = declared["fetch"].model_copy(update={"name": own_name})
     differences = sorted(
@@ -129,8 +129,7 @@ def data_stages(
             config.model_dump(mode="json"), declared[section].model_dump(mode="json"), section
         )
     )
-    declared_data = _declared(project, {"data": DataConfig()})["data"]
-    same_data_dir = (project / declared_data.data_dir).resolve() == Path(data_dir).resolve()
+    same_data_dir = (project / declared["data"].data_dir).resolve() == Path(data_dir).resolve()
     if not differences and same_data_dir:
         return DataStages(project, project)
     if name == own_name and differences:
