@@ -15,7 +15,9 @@ import sys
 
 from flows.console import CommandResult, as_json, stdout_reserved
 from flows.telemetry import telemetry_off_unless_opted_in
+from model import cluster
 from model.errors import TowerbenchError
+from tasks.local_cluster import end_with_launcher
 
 # Each module has `register(subparsers)`, adding its subcommands with a handler that returns an
 # exit status, or a CommandResult when the command has `--json`.
@@ -67,12 +69,20 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    end_with_launcher()  # a worker of `--workers N` ends with the command that started it
     # TensorFlow's C++ start-up chatter hides the output users came for.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Offline by default: no usage reports from MLflow, Prefect or DVC (before they are imported).
     telemetry_off_unless_opted_in()
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what `--workers N` starts N times
     signal.signal(signal.SIGTERM, _interrupt)  # a clean stop, as for Ctrl-C
+    status = _run_reporting_errors(args)
+    cluster.leave(status)  # a worker of a cluster exits here, once the others are done
+    return status
+
+
+def _run_reporting_errors(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except TowerbenchError as error:

@@ -63,6 +63,7 @@ def _summary(run_id: str, name: str, config: TrainConfig, outcome: dict[str, Any
         "run_id": run_id,
         "name": name,
         "towers": config.towers,
+        "workers": config.workers,
         "seed": config.seed,
         "status": outcome["status"],
         "test_accuracy": outcome.get("test_accuracy"),

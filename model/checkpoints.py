@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 CONFIG_FILE = "train_config.json"
 HISTORY_FILE = "history.json"
 KEPT_CHECKPOINTS = 2
-# Settings a resumed run may change: running longer, or checkpointing more or less often.
-RESUMABLE_CHANGES = {"epochs", "checkpoint_every"}
+# Settings a resumed run may change: running longer, checkpointing more or less often, waiting
+# longer for a stuck worker.
+RESUMABLE_CHANGES = {"epochs", "checkpoint_every", "collective_timeout"}
 
 
 def training_state(model, optimizer, trainer: TowerTrainer) -> tf.train.Checkpoint:
@@ -39,6 +40,17 @@ def training_state(model, optimizer, trainer: TowerTrainer) -> tf.train.Checkpoi
         noise=trainer.noise,
         metric_sums=[trainer.cross_entropy_sum, trainer.correct, trainer.examples],
     )
+
+
+def state_variables(state: tf.train.Checkpoint) -> list:
+    """The variables of `training_state`, in a fixed order (what workers broadcast)."""
+    return [
+        *state.weights,
+        *state.optimizer,
+        *state.ema,
+        *state.noise.variables,
+        *state.metric_sums,
+    ]
 
 
 def _write_json_atomically(path: Path, payload: Any) -> None:
@@ -74,7 +86,11 @@ class Checkpoints:
     def _check_settings(self, wanted: dict[str, Any]) -> None:
         path = self.folder / CONFIG_FILE
         saved = json.loads(path.read_text()) if path.is_file() else {}
-        different = sorted(name for name in wanted if saved.get(name) != wanted[name])
+        # A setting added since the folder was written had its default value then.
+        defaults = TrainConfig.model_construct().model_dump(mode="json")
+        different = sorted(
+            name for name in wanted if saved.get(name, defaults.get(name)) != wanted[name]
+        )
         if different:
             raise TowerbenchError(
                 f"--checkpoint-dir {self.folder}: holds a run with different settings "

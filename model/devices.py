@@ -6,8 +6,8 @@ TensorFlow runtime initialises, so call `configure_tower_devices` before any oth
 If the runtime is already initialised (a test session that pre-split the CPU), the existing
 logical devices are used when there are enough of them.
 
-Names: "devices" are this process's tower devices; "replicas" is the global tower count. They
-are equal today; a future MultiWorkerMirroredStrategy would make replicas = workers x devices.
+Names: "devices" are this process's tower devices; "replicas" is the global tower count,
+workers x devices (model.cluster).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class TowerDevices:
     devices: list[str]  # one per local tower, e.g. "/device:CPU:1"
     parameter_device: str
     kind: DeviceKind
-    replicas: int  # towers over all workers (== len(devices) on one machine)
+    replicas: int  # towers over all workers (== len(devices) for one worker)
 
 
 @dataclass(frozen=True)
@@ -77,16 +77,23 @@ def split_cpu(count: int) -> None:
     _split(tf.config.list_physical_devices("CPU")[0], count, None)
 
 
-def configure_tower_devices(
-    towers: int, device_type: str = "auto", parameter_device: str = "cpu"
-) -> TowerDevices:
-    """Make `towers` tower devices available and name them (see the module docstring)."""
+def split_tower_devices(towers: int, device_type: str = "auto") -> DevicePlan:
+    """Split the devices `towers` towers need, without initialising the runtime."""
     gpus = tf.config.list_physical_devices("GPU")
     plan = plan_devices(towers, device_type, len(gpus))
     if plan.device_type == "CPU":
         split_cpu(plan.logical_devices)
     elif plan.logical_devices:
         _split(gpus[0], plan.logical_devices, LOGICAL_GPU_MEMORY_MB)
+    return plan
+
+
+def configure_tower_devices(
+    towers: int, device_type: str = "auto", parameter_device: str = "cpu", workers: int = 1
+) -> TowerDevices:
+    """Make `towers` tower devices available and name them (see the module docstring)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    plan = split_tower_devices(towers, device_type)
     logical = [device.name for device in tf.config.list_logical_devices(plan.device_type)]
     if len(logical) < towers:
         raise TowerbenchError(
@@ -103,5 +110,8 @@ def configure_tower_devices(
     else:
         raise TowerbenchError(f"--parameter-device must be cpu or gpu0, got {parameter_device!r}")
     return TowerDevices(
-        devices=logical[:towers], parameter_device=parameter, kind=plan.kind, replicas=towers
+        devices=logical[:towers],
+        parameter_device=parameter,
+        kind=plan.kind,
+        replicas=towers * workers,
     )

@@ -4,10 +4,11 @@
 tf.distribute.MirroredStrategy on the same k devices with the loss scaled by the global batch
 (tf.nn.compute_average_loss), which is what a TensorFlow user would write, and (e) one
 device with "ghost" BatchNorm over the same k shards: for BatchNorm networks (b) equals (e), not
-(a). For each we take the data-loss gradient and the weights after one SGD step (learning rate
-GRADCHECK_LR, the model's weight decay added once), and report per variable and overall the
-largest absolute difference and the relative difference ||a - b||_inf / ||b||_inf against the
-single device.
+(a). With several workers (model.cluster), (f) every worker's k towers on its slice of the
+batch, averaged across workers too, against (a). For each we take the data-loss gradient and
+the weights after one SGD step (learning rate GRADCHECK_LR, the model's weight decay added
+once), and report per variable and overall the largest absolute difference and the relative
+difference ||a - b||_inf / ||b||_inf against the single device.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from model.devices import TowerDevices, configure_tower_devices
+from model.cluster import Cluster, join
+from model.devices import TowerDevices, configure_tower_devices, split_tower_devices
 from model.errors import TowerbenchError
 
 GRADCHECK_LR = 0.1
@@ -66,9 +68,18 @@ def _comparison(grads, weights, reference_grads, reference_weights, names) -> di
 
 
 def _tower_run(
-    model_name, initial, devices: TowerDevices, aggregation, weight_decay, seed, images, labels
+    model_name,
+    initial,
+    devices: TowerDevices,
+    aggregation,
+    weight_decay,
+    seed,
+    images,
+    labels,
+    cluster: Cluster | None = None,
 ):
-    """(data gradients, weights after one step) of the tower trainer."""
+    """(data gradients, weights after one step) of the tower trainer (of every worker's, whose
+    images and labels are its slice of the batch, in a cluster)."""
     import keras
     import tensorflow as tf
 
@@ -79,7 +90,12 @@ def _tower_run(
         network = build_network(model_name, images.shape[1:], NUM_CLASSES, seed)
     network.model.set_weights(initial)
     trainer = TowerTrainer(
-        network, keras.optimizers.SGD(GRADCHECK_LR), devices, aggregation, weight_decay
+        network,
+        keras.optimizers.SGD(GRADCHECK_LR),
+        devices,
+        aggregation,
+        weight_decay,
+        cluster=cluster,
     )
     gradients = [g.numpy() for g in trainer.gradients(images, labels).data_gradients]
     trainer.step(images, labels)
@@ -180,6 +196,14 @@ def _explanation(model_name: str, towers: int, result: dict[str, Any]) -> str:
         "batch (tf.nn.compute_average_loss) makes that sum the mean, so it agrees to "
         f"{result['mirrored_vs_single']['max_rel_diff']:.2e}.",
     ]
+    if "workers_vs_single" in result:
+        workers = result["workers"]
+        lines.append(
+            f"Across {workers} worker processes of {towers} towers each, every worker averages "
+            "its towers' gradients of its slice of the batch and one all-reduce averages the "
+            f"workers': {workers * towers} equal shards again, so it agrees with one device to "
+            f"{result['workers_vs_single']['max_rel_diff']:.2e}."
+        )
     if model_name in BATCHNORM_MODELS and towers > 1:
         lines.append(
             f"{model_name} differs from one device for a real reason: BatchNorm normalises each "
@@ -193,15 +217,22 @@ def _explanation(model_name: str, towers: int, result: dict[str, Any]) -> str:
     return " ".join(lines)
 
 
-def run_gradcheck(model: str, towers: int, global_batch: int, seed: int = 0) -> dict[str, Any]:
-    """Compare one device, k towers (mean, sum) and MirroredStrategy on one fixed batch."""
+def run_gradcheck(
+    model: str, towers: int, global_batch: int, seed: int = 0, cluster: Cluster | None = None
+) -> dict[str, Any]:
+    """Compare one device, k towers (mean, sum) and MirroredStrategy on one fixed batch, and in a
+    cluster the workers' towers; workers other than the chief return {}."""
+    cluster = cluster or Cluster()
     if model not in INPUT_SHAPES:
         raise TowerbenchError(f"--model must be one of {', '.join(INPUT_SHAPES)}, got {model!r}")
-    if global_batch < 1 or global_batch % max(towers, 1):
+    replicas = towers * cluster.workers
+    if global_batch < 1 or global_batch % replicas:
         raise TowerbenchError(
-            f"--global-batch {global_batch} must be a positive multiple of --towers {towers}"
+            f"--global-batch {global_batch} must be a positive multiple of the {replicas} towers"
         )
-    devices = configure_tower_devices(towers)
+    split_tower_devices(towers)
+    join(cluster)
+    devices = configure_tower_devices(towers, workers=cluster.workers)
     import tensorflow as tf
 
     from model.config import TrainConfig
@@ -216,6 +247,14 @@ def run_gradcheck(model: str, towers: int, global_batch: int, seed: int = 0) -> 
     initial = reference.get_weights()
     names = [v.path for v in reference.trainable_variables]
 
+    if cluster.workers > 1:
+        size = global_batch // cluster.workers
+        part = slice(cluster.index * size, (cluster.index + 1) * size)
+        across = _tower_run(
+            model, initial, devices, "mean", weight_decay, seed, images[part], labels[part], cluster
+        )
+        if not cluster.is_chief:
+            return {}
     one_device = TowerDevices(devices.devices[:1], devices.parameter_device, devices.kind, 1)
     single = _tower_run(model, initial, one_device, "mean", weight_decay, seed, images, labels)
     mean = _tower_run(model, initial, devices, "mean", weight_decay, seed, images, labels)
@@ -250,5 +289,8 @@ def run_gradcheck(model: str, towers: int, global_batch: int, seed: int = 0) -> 
         "mirrored_vs_mean": _comparison(*mirrored, *mean, names),
         "ghost_vs_mean": _comparison(*mean, *ghost, names),
     }
+    if cluster.workers > 1:
+        result["workers"] = cluster.workers
+        result["workers_vs_single"] = _comparison(*across, *single, names)
     result["explanation"] = _explanation(model, towers, result)
     return result

@@ -5,7 +5,9 @@ splits each batch across the towers, so every example is used once per epoch wha
 of towers. The order and the distortions are pure functions of (seed, epoch, position): the
 shuffle is seeded per epoch and each example's distortions use stateless random ops seeded by
 its position. A resumed run therefore only needs the step number to continue the exact stream
-(no shuffle buffer in the checkpoint).
+(no shuffle buffer in the checkpoint). With several workers every worker reads the same stream
+and keeps its own contiguous slice of each global batch, so the global batches, and every
+example's distortions, are those of one process.
 """
 
 from __future__ import annotations
@@ -85,17 +87,21 @@ def evaluation_image(image: tf.Tensor, crop_size: int | None) -> tf.Tensor:
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """How a training split of `examples` is cut into global batches for `towers` towers."""
+    """How a training split of `examples` is cut into global batches for `towers` towers
+    (over all workers)."""
 
     examples: int
     global_batch: int
     towers: int
+    workers: int = 1
 
     @property
     def used_examples(self) -> int:
-        """All examples, unless the last partial batch is smaller than the tower count."""
+        """All examples, but the last partial batch is cut to a multiple of the workers (equal
+        slices) and dropped when smaller than the tower count."""
         remainder = self.examples % self.global_batch
-        return self.examples if remainder >= self.towers else self.examples - remainder
+        kept = remainder - remainder % self.workers
+        return self.examples - remainder + (kept if kept >= self.towers else 0)
 
     @property
     def steps(self) -> int:
@@ -115,8 +121,10 @@ def train_dataset(
     seed: int,
     epoch: int,
     start_step: int = 0,
+    worker: int = 0,
 ) -> tf.data.Dataset:
-    """Epoch `epoch`'s batches from step `start_step` on: (images (B, h, w, C) f32, labels (B,))."""
+    """Epoch `epoch`'s batches from step `start_step` on: (images (B, h, w, C) f32, labels (B,)),
+    or with several workers worker `worker`'s slices of them (B / workers examples)."""
     shape = [int(size) for size in image_shape]
     stream_seed = seed * 1_000_003 + epoch  # a fresh order every epoch, the same on resume
 
@@ -128,12 +136,20 @@ def train_dataset(
     records = _records(files).shuffle(
         min(plan.examples, MAX_SHUFFLE_BUFFER), seed=stream_seed, reshuffle_each_iteration=False
     )
+    positioned = records.take(plan.used_examples).enumerate().skip(start_step * plan.global_batch)
+    if plan.workers > 1:
+
+        def worker_slice(indices: tf.Tensor, batch_records: tf.Tensor):
+            size = tf.shape(indices, out_type=tf.int64)[0] // plan.workers
+            return (
+                indices[worker * size : (worker + 1) * size],
+                batch_records[worker * size : (worker + 1) * size],
+            )
+
+        positioned = positioned.batch(plan.global_batch).map(worker_slice).unbatch()
     return (
-        records.take(plan.used_examples)
-        .enumerate()
-        .skip(start_step * plan.global_batch)
-        .map(prepare, num_parallel_calls=AUTOTUNE)
-        .batch(plan.global_batch)
+        positioned.map(prepare, num_parallel_calls=AUTOTUNE)
+        .batch(plan.global_batch // plan.workers)
         .prefetch(AUTOTUNE)
     )
 

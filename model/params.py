@@ -22,7 +22,7 @@ from model.config import (
 from model.errors import describe_validation_error, dotted
 
 # Fields the sweep varies through its own named lists; the rest of TrainConfig goes through `grid`.
-SWEEP_AXES = ("towers", "aggregation", "lr_scaling", "warmup_epochs", "seed")
+SWEEP_AXES = ("towers", "workers", "aggregation", "lr_scaling", "warmup_epochs", "seed")
 
 
 def _grid_field(name: str) -> tuple[object, object]:
@@ -105,6 +105,12 @@ class SweepGrid(StrictModel):
     """The lists a sweep takes the product of (one run per combination)."""
 
     towers: list[int] = Field([1, 2, 4], min_length=1, description="Tower counts to compare.")
+    workers: list[int] = Field(
+        [1],
+        min_length=1,
+        description="Worker counts to compare (towers are per worker), e.g. 1 worker x 4 "
+        "towers against 2 workers x 2 towers at the same global batch.",
+    )
     aggregation: list[Literal["mean", "sum"]] = Field(
         ["mean"], min_length=1, description="Gradient aggregations to compare."
     )
@@ -132,8 +138,8 @@ class SweepGrid(StrictModel):
     per_tower_batch: int | None = Field(
         None,
         ge=1,
-        description="If set, global_batch = towers x this (the batch per device stays fixed, as "
-        "when adding GPUs); if unset, every run uses train.global_batch.",
+        description="If set, global_batch = workers x towers x this (the batch per device stays "
+        "fixed, as when adding GPUs); if unset, every run uses train.global_batch.",
     )
     grid: TrainGrid = Field(  # type: ignore[valid-type]
         default_factory=TrainGrid, description="Other training parameters to sweep, as lists."

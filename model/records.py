@@ -95,7 +95,9 @@ class FinalMetrics:
     device_names: list[str] = field(metadata=_param())
     # The config's `parameter_device` param is the choice; this is the device it resolved to.
     parameter_device: str = field(metadata=_param("parameter_device_name"))
-    replicas: int = field(metadata=_param())
+    replicas: int = field(metadata=_param())  # towers over all workers
+    # The workers' host:port, chief first; empty for a run in one process.
+    cluster: list[str] = field(default_factory=list, metadata=_param())
     noise_scale: float | None = field(default=None, metadata=_METRIC)  # k >= 2 towers only
     # The last epoch's training losses (all towers), the last test cross-entropy and the gap:
     # what the report's loss paradox is made of. None when nothing was trained or tested.
@@ -118,6 +120,8 @@ class FinalMetrics:
         params = {}
         for item in _logged_as("param"):
             value = getattr(self, item.name)
+            if value == []:
+                continue
             params[item.metadata.get("name", item.name)] = (
                 ",".join(value) if isinstance(value, list) else value
             )

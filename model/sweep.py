@@ -15,12 +15,12 @@ from model.params import SweepGrid
 def canonical(config: TrainConfig) -> TrainConfig:
     """The same run with settings that cannot matter set to one value, so duplicates collapse.
 
-    - one tower: the sum of one gradient is its mean;
+    - one tower (over all workers): the sum of one gradient is its mean;
     - global batch = reference batch: every scaling rule gives factor 1;
     - no scaling: warmup goes from base_lr to base_lr, i.e. it does nothing.
     """
     updates: dict[str, Any] = {}
-    if config.towers == 1:
+    if config.replicas == 1:
         updates["aggregation"] = "mean"
     if config.global_batch == config.reference_batch:
         updates["lr_scaling"] = "none"
@@ -53,6 +53,7 @@ def expand(train: TrainConfig, sweep: SweepGrid) -> list[TrainConfig]:
     a stable order."""
     axes: dict[str, list[Any]] = {
         "towers": sweep.towers,
+        "workers": sweep.workers,
         "aggregation": sweep.aggregation,
         "lr_scaling": sweep.lr_scaling,
         "warmup_epochs": sweep.warmup_epochs,
@@ -67,7 +68,7 @@ def expand(train: TrainConfig, sweep: SweepGrid) -> list[TrainConfig]:
     for combination in itertools.product(*axes.values()):
         values = dict(zip(axes, combination, strict=True))
         if sweep.per_tower_batch is not None:
-            values["global_batch"] = values["towers"] * sweep.per_tower_batch
+            values["global_batch"] = values["towers"] * values["workers"] * sweep.per_tower_batch
         try:
             resolved = TrainConfig.model_validate({**base, **values})
             budgeted = with_budget(resolved.model_dump(), sweep.budget)
@@ -87,8 +88,10 @@ def _format(value: Any) -> str:
 
 
 def group_name(config: TrainConfig, extra_fields: list[str] | tuple[str, ...] = ()) -> str:
-    """`towers=4 agg=mean lr=linear warmup=2` (+ any other swept field): one configuration."""
-    parts = [
+    """`towers=4 agg=mean lr=linear warmup=2` (`workers=2 towers=2 ...` with several workers, +
+    any other swept field): one configuration."""
+    parts = [f"workers={config.workers}"] if config.workers > 1 else []
+    parts += [
         f"towers={config.towers}",
         f"agg={config.aggregation}",
         f"lr={config.lr_scaling}",

@@ -10,6 +10,10 @@ Weight decay (weight_decay * w, the gradient of weight_decay * tf.nn.l2_loss(w))
 after combining (Goyal et al. 2017, remark 1), and one optimizer step is applied. BatchNorm layers
 normalise with each tower's own batch; their moving statistics become the towers' average.
 
+With several workers (model.cluster) each worker feeds its towers its slice of the global batch
+(B / workers examples) and one all-reduce adds the workers' summed gradients, statistics and
+metric sums before the update, so the step is that of one process with workers x k towers.
+
 The whole step is one `tf.function`: the Python loop over towers runs only while tracing. Metrics
 accumulate in variables so the hot loop never waits for a host read.
 """
@@ -21,6 +25,7 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
+from model.cluster import STEP_INSTANCE_KEY, Cluster, sum_over_workers
 from model.devices import TowerDevices
 from model.networks import Network
 from model.noise_scale import NoiseScaleEstimator
@@ -40,8 +45,8 @@ class TowerGradients(NamedTuple):
     data_gradients: list[tf.Tensor]  # combined with `aggregation`, no weight decay
     cross_entropy_sum: tf.Tensor  # summed over every example of the global batch
     correct: tf.Tensor  # correctly classified examples
-    non_trainable_values: list[tf.Tensor]  # BatchNorm statistics averaged over towers
-    small_norm_sq: tf.Tensor  # mean over towers of |grad_t|^2 (per-tower-batch gradient)
+    non_trainable_values: list[tf.Tensor]  # BatchNorm statistics averaged over all towers
+    small_norm_sq: tf.Tensor  # mean over all towers of |grad_t|^2 (per-tower-batch gradient)
     big_norm_sq: tf.Tensor  # |mean_t grad_t|^2 (global-batch gradient)
 
 
@@ -61,6 +66,7 @@ class TowerTrainer:
         weight_decay: float = 0.0,
         ema_decay: float | None = None,
         jit_compile: bool = False,
+        cluster: Cluster | None = None,
     ):
         if aggregation not in ("mean", "sum"):
             raise ValueError(f"aggregation must be mean or sum, got {aggregation!r}")
@@ -70,6 +76,7 @@ class TowerTrainer:
         self.aggregation = aggregation
         self.weight_decay = weight_decay
         self.ema_decay = ema_decay
+        self.cluster = cluster or Cluster()
         self.trainable = list(self.model.trainable_variables)
         self.non_trainable = list(self.model.non_trainable_variables)
         decayed = {id(variable) for variable in network.decayed_variables}
@@ -97,7 +104,13 @@ class TowerTrainer:
 
     @property
     def towers(self) -> int:
+        """Towers of this worker."""
         return len(self.devices.devices)
+
+    @property
+    def replicas(self) -> int:
+        """Towers of all workers."""
+        return self.towers * self.cluster.workers
 
     def _tower_pass(self, weights, non_trainable, images, labels, normalizer):
         """One tower: forward, cross-entropy, backward. Shapes: images (b, H, W, C), labels (b,)."""
@@ -114,7 +127,8 @@ class TowerTrainer:
         return gradients, tf.reduce_sum(cross_entropy), correct, new_non_trainable
 
     def _gradients(self, images: tf.Tensor, labels: tf.Tensor) -> TowerGradients:
-        """Every tower's gradient of its shard, combined on the parameter device."""
+        """Every tower's gradient of its shard, combined on the parameter device (and over the
+        workers, whose images and labels are each their slice of the global batch)."""
         batch = int(images.shape[0])
         sizes = shard_sizes(batch, self.towers)
         normalizer = tf.constant(batch / self.towers, tf.float32)
@@ -137,21 +151,30 @@ class TowerTrainer:
         )
         with tf.device(self.devices.parameter_device):
             summed = [tf.add_n(list(grads)) for grads in zip(*tower_gradients, strict=True)]
-            mean = [gradient / self.towers for gradient in summed]
-            if self.towers > 1:
-                small = tf.add_n([_squared_norm(list(g)) for g in tower_gradients]) / self.towers
-                big = _squared_norm(mean)
+            state_sums = [
+                tf.add_n(list(values)) for values in zip(*tower_non_trainable, strict=True)
+            ]
+            cross_entropy_sum = tf.add_n(list(tower_losses))
+            correct = tf.add_n(list(tower_correct))
+            small_sum = tf.add_n([_squared_norm(list(g)) for g in tower_gradients])
+            if self.cluster.workers > 1:
+                reduced = sum_over_workers(
+                    [*summed, *state_sums, cross_entropy_sum, correct, small_sum],
+                    self.cluster,
+                    STEP_INSTANCE_KEY,
+                )
+                summed, state_sums = reduced[: len(summed)], reduced[len(summed) : -3]
+                cross_entropy_sum, correct, small_sum = reduced[-3:]
+            mean = [gradient / self.replicas for gradient in summed]
+            if self.replicas > 1:
+                small, big = small_sum / self.replicas, _squared_norm(mean)
             else:
                 small = big = tf.constant(0.0)
-            averaged_state = [
-                tf.add_n(list(values)) / self.towers
-                for values in zip(*tower_non_trainable, strict=True)
-            ]
             return TowerGradients(
                 data_gradients=mean if self.aggregation == "mean" else summed,
-                cross_entropy_sum=tf.add_n(list(tower_losses)),
-                correct=tf.add_n(list(tower_correct)),
-                non_trainable_values=averaged_state,
+                cross_entropy_sum=cross_entropy_sum,
+                correct=correct,
+                non_trainable_values=[value / self.replicas for value in state_sums],
                 small_norm_sq=small,
                 big_norm_sq=big,
             )
@@ -167,8 +190,10 @@ class TowerTrainer:
         return self.weight_decay * tf.add_n(l2_losses), terms
 
     def _step(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        """One training step on a global batch; returns the step's total loss."""
-        batch = int(images.shape[0])
+        """One training step on a global batch (this worker's slice of it); returns the step's
+        total loss."""
+        local_batch = int(images.shape[0])
+        batch = local_batch * self.cluster.workers
         combined = self._gradients(images, labels)
         with tf.device(self.devices.parameter_device):
             decay_loss, decay_gradients = self.weight_decay_terms()
@@ -183,9 +208,9 @@ class TowerTrainer:
                 variable.assign(value)
             if self.ema_decay is not None:
                 self._update_ema()
-            if self.towers > 1 and batch % self.towers == 0:
+            if self.replicas > 1 and local_batch % self.towers == 0:
                 self.noise.update(
-                    combined.small_norm_sq, combined.big_norm_sq, batch // self.towers, batch
+                    combined.small_norm_sq, combined.big_norm_sq, local_batch // self.towers, batch
                 )
             cross_entropy = combined.cross_entropy_sum / batch
             total = cross_entropy + decay_loss

@@ -4,6 +4,9 @@ Each epoch gives an `EpochRecord` (model.records): cross-entropy averaged over A
 examples, the weight-decay term and their sum, train accuracy, test accuracy of the raw weights
 and of their moving average (decay 0.9999), speed, LR, and for k >= 2 towers the noise scale.
 
+With several workers (model.cluster) every worker runs this loop in step; the chief alone saves
+checkpoints, and on a resume every worker starts from the chief's restored state.
+
 Resuming (model.checkpoints) is exact: the data order and distortions are pure functions of
 (seed, epoch, position) (model.input_pipeline) and nothing else draws random numbers after
 initialisation, so a run resumed from step s replays the steps an uninterrupted run takes from s.
@@ -21,8 +24,10 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from model.clock import Clock
+from model.cluster import Cluster, broadcast_from_chief, collective_failure, join
 from model.config import TrainConfig
-from model.devices import TowerDevices, configure_tower_devices
+from model.devices import TowerDevices, configure_tower_devices, split_tower_devices
+from model.errors import TowerbenchError
 from model.records import EpochRecord, FinalMetrics, TrainResult, last_losses
 from model.stability import diverged, instability
 from model.training_data import load_training_data
@@ -51,15 +56,22 @@ def train(
 ) -> TrainResult:
     """Train `config` on DATA_DIR/tfrecords/<dataset>; resume from `checkpoint_dir` if it holds
     a checkpoint of the same configuration."""
-    run = _set_up(config, Path(data_dir), checkpoint_dir)
-    while run.step < run.total_steps and run.status == "completed":
-        record = _train_one_epoch(run, on_progress)
-        run.history.append(record)
-        if run.checkpoints is not None and run.step < run.total_steps:
-            run.checkpoints.save(run.step, run.history)  # every epoch: a kill loses one at most
-        if on_epoch is not None:
-            on_epoch(record)
-    return _finish(run)
+    cluster = _cluster(config)
+    try:
+        run = _set_up(config, Path(data_dir), checkpoint_dir, cluster)
+        while run.step < run.total_steps and run.status == "completed":
+            record = _train_one_epoch(run, on_progress)
+            run.history.append(record)
+            if run.checkpoints is not None and run.step < run.total_steps:
+                run.checkpoints.save(run.step, run.history)  # every epoch: a kill loses one
+            if on_epoch is not None:
+                on_epoch(record)
+        return _finish(run)
+    except Exception as error:
+        failure = collective_failure(error, cluster)
+        if failure is None:
+            raise
+        raise failure from None
 
 
 @dataclass
@@ -69,6 +81,7 @@ class _Run:
     config: TrainConfig
     manifest: Manifest
     train_files: list[str]
+    cluster: Cluster
     devices: TowerDevices
     plan: EpochPlan
     total_steps: int
@@ -95,23 +108,32 @@ class _Run:
         return self.step / self.plan.steps
 
 
-def _set_up(config: TrainConfig, data_dir: Path, checkpoint_dir: Path | None) -> _Run:
+def _set_up(
+    config: TrainConfig, data_dir: Path, checkpoint_dir: Path | None, cluster: Cluster
+) -> _Run:
     """Data, devices, network, optimizer, towers and evaluator; restored from `checkpoint_dir`
     when it holds this run."""
-    # Reading the manifest runs no TensorFlow op; the devices must be split before any op runs.
+    # Reading the manifest runs no TensorFlow op; the devices must be split before any op runs,
+    # and the cluster joined after that.
     manifest, train_files, test_files = load_training_data(config, data_dir)
-    devices = configure_tower_devices(config.towers, config.device_type, config.parameter_device)
+    split_tower_devices(config.towers, config.device_type)
+    join(cluster)
+    devices = configure_tower_devices(
+        config.towers, config.device_type, config.parameter_device, config.workers
+    )
     import keras
     import tensorflow as tf
 
-    from model.checkpoints import Checkpoints, training_state
+    from model.checkpoints import Checkpoints, state_variables, training_state
     from model.evaluation import Evaluator
     from model.input_pipeline import Distortions, EpochPlan, network_input_shape
     from model.networks import build_network
     from model.schedules import StepSchedule, schedule_from_config
     from model.towers import TowerTrainer
 
-    plan = EpochPlan(manifest.splits["train"].examples, config.global_batch, config.towers)
+    plan = EpochPlan(
+        manifest.splits["train"].examples, config.global_batch, config.replicas, config.workers
+    )
     schedule = schedule_from_config(config)
     keras.utils.set_random_seed(config.seed)
     input_shape = network_input_shape(manifest.image_shape, config.crop_size)
@@ -130,6 +152,7 @@ def _set_up(config: TrainConfig, data_dir: Path, checkpoint_dir: Path | None) ->
         config.weight_decay,
         config.ema_decay,
         config.xla,
+        cluster,
     )
     evaluator = Evaluator(
         network.model,
@@ -140,13 +163,16 @@ def _set_up(config: TrainConfig, data_dir: Path, checkpoint_dir: Path | None) ->
         len(manifest.classes),
     )
     checkpoints, history = None, []
-    if checkpoint_dir is not None:
-        state = training_state(network.model, optimizer, trainer)
+    state = training_state(network.model, optimizer, trainer)
+    if checkpoint_dir is not None and cluster.is_chief:
         checkpoints, history = Checkpoints.open(Path(checkpoint_dir), config, state)
+    # Seeds agree on every worker; this also hands a resumed chief's state to the others.
+    broadcast_from_chief(state_variables(state), cluster, devices.parameter_device)
     return _Run(
         config=config,
         manifest=manifest,
         train_files=train_files,
+        cluster=cluster,
         devices=devices,
         plan=plan,
         total_steps=max(round(config.epochs * plan.steps), 1),
@@ -163,6 +189,22 @@ def _set_up(config: TrainConfig, data_dir: Path, checkpoint_dir: Path | None) ->
     )
 
 
+def _cluster(config: TrainConfig) -> Cluster:
+    """The cluster of TF_CONFIG, which must have `config.workers` workers."""
+    cluster = Cluster.from_environment(config.collective_timeout)
+    if cluster.workers != config.workers:
+        raise TowerbenchError(
+            f"--workers {config.workers}: TF_CONFIG "
+            + (f"lists {cluster.workers} workers" if cluster.addresses else "is not set")
+            + (
+                "; `towerbench train --workers N` starts a local cluster itself"
+                if not cluster.addresses
+                else ""
+            )
+        )
+    return cluster
+
+
 def _train_one_epoch(run: _Run, on_progress: ProgressCallback | None) -> EpochRecord:
     """The rest of the current epoch (all of it unless resumed mid-epoch), stopping early at the
     run's last step or when the loss diverges; then the epoch's record."""
@@ -177,6 +219,7 @@ def _train_one_epoch(run: _Run, on_progress: ProgressCallback | None) -> EpochRe
         run.config.seed,
         epoch_index,
         start,
+        run.cluster.index,
     )
     run.clock.start_epoch()
     for images, labels in batches:
@@ -190,7 +233,8 @@ def _train_one_epoch(run: _Run, on_progress: ProgressCallback | None) -> EpochRe
         now = time.perf_counter()
         if now - run.last_report >= PROGRESS_SECONDS:  # reading from devices waits for them
             run.last_report = now
-            if _diverged(run):
+            # Workers check at the epoch's end only: they must stop at the same step.
+            if run.cluster.workers == 1 and _diverged(run):
                 run.status = "diverged"
                 break
             if on_progress is not None:
@@ -287,12 +331,13 @@ def _final_metrics(run: _Run, confusion: np.ndarray) -> FinalMetrics:
         steps=run.step,
         epochs=run.history[-1].epoch if run.history else 0.0,
         global_batch=config.global_batch,
-        per_tower_batch=config.global_batch // config.towers,
+        per_tower_batch=config.global_batch // config.replicas,
         effective_lr=run.schedule.peak_lr,
         device_kind=devices.kind,
         device_names=list(devices.devices),
         parameter_device=devices.parameter_device,
         replicas=devices.replicas,
+        cluster=list(run.cluster.addresses),
         noise_scale=run.trainer.noise.value() if devices.replicas > 1 else None,
         **last_losses(run.history),
         unstable=instability(run.history, run.classes, test_accuracy),

@@ -2,7 +2,9 @@
 
 The process (tasks/train_worker.py) logs into the MLflow run created for it; this side relays its
 progress to Prefect (run logger + a progress artifact) and, if the process dies without finishing
-(crash, out-of-memory kill), records the run as failed so the sweep can go on.
+(crash, out-of-memory kill), records the run as failed so the sweep can go on. A configuration
+with several workers runs as that many processes on this machine (tasks/local_cluster.py), whose
+chief logs and reports.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from prefect.cache_policies import NO_CACHE
 from model.errors import TowerbenchError
 from model.params import TrackingConfig
 from model.tfrecords import dataset_dir, load_manifest
+from tasks.local_cluster import run_local_cluster
 from tasks.tracking import mark_failed, mark_killed
 from tasks.train_worker import EVENT_PREFIX, WorkerRequest
 
@@ -58,6 +61,23 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
+class _Events:
+    """Reads the worker's stdout: events go to `on_event`, the result is kept."""
+
+    def __init__(self, on_event: Callable[[dict[str, Any]], None]):
+        self.on_event = on_event
+        self.result: dict[str, Any] | None = None
+
+    def __call__(self, line: str) -> None:
+        if not line.startswith(EVENT_PREFIX):
+            return
+        event = json.loads(line.removeprefix(EVENT_PREFIX))
+        if event["event"] == "result":
+            self.result = {key: value for key, value in event.items() if key != "event"}
+        else:
+            self.on_event(event)
+
+
 def run_training_process(
     request: WorkerRequest, on_event: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
@@ -69,9 +89,24 @@ def run_training_process(
     environment = dict(os.environ, MLFLOW_TRACKING_URI=request.tracking_uri)
     environment.pop("MLFLOW_RUN_ID", None)  # would override the run id we pass
     environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    command = [sys.executable, "-m", "tasks.train_worker"]
+    events = _Events(on_event)
+    if request.config.workers > 1:
+        outcome = run_local_cluster(
+            command,
+            request.config.workers,
+            events,
+            request.model_dump_json(),
+            environment,
+            capture_chief_stderr=True,
+        )
+        if outcome.status == 0 and events.result is not None:
+            return events.result
+        log_text = "\n".join(outcome.stderr)
+        return {"status": "failed", "error": "; ".join(outcome.failures()), "log": log_text}
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tasks.train_worker"],
+            command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -80,26 +115,19 @@ def run_training_process(
             start_new_session=True,
         )
         assert process.stdin is not None and process.stdout is not None
-        result: dict[str, Any] | None = None
         try:
             process.stdin.write(request.model_dump_json())
             process.stdin.close()
             for line in process.stdout:
-                if not line.startswith(EVENT_PREFIX):
-                    continue
-                event = json.loads(line.removeprefix(EVENT_PREFIX))
-                if event["event"] == "result":
-                    result = event
-                else:
-                    on_event(event)
+                events(line)
             returncode = process.wait()
         except BaseException:  # Ctrl-C, SIGTERM, a crash of ours: the worker ends with us
             _stop(process)
             raise
         log.seek(0)
         log_text = log.read()
-    if returncode == 0 and result is not None:
-        return {key: value for key, value in result.items() if key != "event"}
+    if returncode == 0 and events.result is not None:
+        return events.result
     return {"status": "failed", "error": _error_line(log_text, returncode), "log": log_text}
 
 

@@ -3,7 +3,8 @@
 TensorFlow fixes its device layout once per process, and a crash or out-of-memory must not take
 the sweep down, so the sweep starts one of these per configuration. It resumes the MLflow run the
 sweep created for it, logs every epoch's metrics live, then the evaluation artifacts. It reports
-back on stdout with `EVENT_PREFIX` lines; everything else it prints is only log.
+back on stdout with `EVENT_PREFIX` lines; everything else it prints is only log. In a cluster
+(TF_CONFIG, several workers) the chief does all that; the other workers only train.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from model import cluster
 from model.config import TrainConfig
 from model.errors import TowerbenchError
 from model.params import TrackingConfig
 from model.records import EpochRecord, finite_numbers
+from tasks.local_cluster import end_with_launcher
 from tasks.preflight import bound_mlflow_http
 
 EVENT_PREFIX = "@@towerbench "
@@ -137,8 +140,32 @@ def _end_with_the_sweep(request: WorkerRequest) -> None:
     threading.Thread(target=watch, daemon=True, name="watch-sweep").start()
 
 
+def _one_error_line(error: Exception) -> str:
+    # One line: TensorFlow's messages span many ("in user code: ... the actual problem").
+    message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    return f"error: {type(error).__name__}: {message[-1000:]}"
+
+
+def _follow_the_chief(request: WorkerRequest) -> int:
+    """A worker other than the chief: train in step with the others; the chief logs and saves."""
+    from model.training import train
+
+    try:
+        train(request.config, request.data_dir)
+    except TowerbenchError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as error:  # noqa: BLE001 - reported as a line the chief's task shows
+        traceback.print_exc()
+        print(_one_error_line(error), file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
 def main() -> int:
     request = WorkerRequest.model_validate_json(sys.stdin.read())
+    if not cluster.Cluster.from_environment().is_chief:
+        return _follow_the_chief(request)
     _end_with_the_sweep(request)
     bound_mlflow_http()  # also when started by a served deployment, not the CLI
     import mlflow
@@ -153,13 +180,14 @@ def main() -> int:
         return 2
     except Exception as error:  # noqa: BLE001 - any crash is recorded as this run's failure
         traceback.print_exc()
-        # One line: TensorFlow's messages span many ("in user code: ... the actual problem").
-        message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
-        print(f"error: {type(error).__name__}: {message[-1000:]}", file=sys.stderr, flush=True)
+        print(_one_error_line(error), file=sys.stderr, flush=True)
         return 1
     emit("result", summary)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_with_launcher()  # a worker of a multi-worker configuration ends with its launcher
+    status = main()
+    cluster.leave(status)  # a worker of a cluster exits here, once the others are done
+    sys.exit(status)

@@ -35,3 +35,10 @@ def write_digits(
         {"kind": "sklearn.load_digits", "test": "fixture"},
     )
     return data_dir
+
+
+def write_digits_project(project: Path, params_yaml: str, train: int, test: int) -> Path:
+    """A project folder: `params_yaml` as params.yaml and a digits fixture in its data/."""
+    write_digits(project / "data", train=train, test=test)
+    (project / "params.yaml").write_text(params_yaml)
+    return project / "params.yaml"

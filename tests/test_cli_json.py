@@ -31,9 +31,7 @@ report: {report_dir: reports}
 @pytest.fixture(scope="module")
 def params_file(tmp_path_factory) -> Path:
     project = tmp_path_factory.mktemp("project")
-    fixtures_model.write_digits(project / "data", train=128, test=64)
-    (project / "params.yaml").write_text(PARAMS)
-    return project / "params.yaml"
+    return fixtures_model.write_digits_project(project, PARAMS, train=128, test=64)
 
 
 @pytest.mark.slow

@@ -40,6 +40,25 @@ def test_product_of_the_lists_with_equivalent_runs_collapsed() -> None:
     assert {run.global_batch for run in runs if run.towers == 4} == {512}
 
 
+def test_workers_are_an_axis_whose_global_batch_counts_every_tower() -> None:
+    """1 worker x 4 towers against 2 workers x 2 towers at the same global batch; 1 x 1 alone
+    is the baseline (its aggregation collapses), 2 x 1 keeps both aggregations."""
+    sweep = SweepGrid(
+        towers=[1, 2, 4], workers=[1, 2], aggregation=["mean", "sum"], seeds=[0], per_tower_batch=32
+    )
+    runs = {run_name(run): run for run in expand(TrainConfig(reference_batch=32), sweep)}
+    four = [run for run in runs.values() if run.replicas == 4]
+    assert {(run.workers, run.towers, run.global_batch) for run in four} == {
+        (1, 4, 128),
+        (2, 2, 128),
+    }
+    assert "workers=2 towers=2 agg=mean lr=linear warmup=0 seed=0" in runs
+    assert [name for name in runs if "towers=1 " in name and "workers" not in name] == [
+        "towers=1 agg=mean lr=none warmup=0 seed=0"
+    ]
+    assert len([run for run in runs.values() if (run.workers, run.towers) == (2, 1)]) == 2
+
+
 def test_any_training_field_can_be_swept_and_invalid_combinations_are_named() -> None:
     sweep = SweepGrid(towers=[2], seeds=[0], grid={"epochs": [1, 3], "optimizer": ["sgd"]})
     assert sorted(run.epochs for run in expand(TrainConfig(), sweep)) == [1, 3]

@@ -67,13 +67,14 @@ def test_towerbench_experiments_are_model_training_experiments(tmp_path) -> None
 
 
 def test_epoch_metrics_are_logged_at_their_epoch_whatever_the_tower_count(tmp_path) -> None:
-    """2 towers take half the optimizer steps of 1 per epoch; the MLflow step is the epoch, so
-    the curves line up. 1.5 epochs: the last record ends half an epoch, at step 2."""
+    """2 towers (here 2 workers of 1 tower: a sweep's configuration as two processes, the chief
+    logging) take half the optimizer steps of 1 per epoch; the MLflow step is the epoch, so the
+    curves line up. 1.5 epochs: the last record ends half an epoch, at step 2."""
     data_dir = fixtures_model.write_digits(tmp_path / "data", train=192, test=40, shards=1)
     tracking = tracking_in(tmp_path)
     experiment_id = ensure_experiment(tracking, "steps")
     config = TrainConfig(
-        dataset="digits", towers=2, global_batch=32, epochs=1.5, eval_every_epochs=0.5
+        dataset="digits", workers=2, global_batch=32, epochs=1.5, eval_every_epochs=0.5
     )
     parent = MlflowClient(tracking.tracking_uri).create_run(experiment_id).info.run_id
     run_id = create_config_run(tracking, experiment_id, parent, config, "2 towers", "g", "v1")
@@ -98,6 +99,9 @@ def test_epoch_metrics_are_logged_at_their_epoch_whatever_the_tower_count(tmp_pa
     assert [step for step, _ in history["test_accuracy"]] == [1, 2, 2]
     curve = run_record(client, client.get_run(run_id)).curve
     assert curve.epochs == [1.0, 1.5] and len(curve.accuracies) == len(curve.wall_times) == 2
+    params = client.get_run(run_id).data.params
+    assert (params["workers"], params["towers"], params["replicas"]) == ("2", "1", "2")
+    assert len(params["cluster"].split(",")) == 2
 
 
 def _telemetry_state(environment: dict[str, str]) -> dict[str, bool]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -15,12 +16,15 @@ from flows.options import (
     add_params_option,
     overrides_from_args,
 )
-from flows.params import load
+from flows.params import Override, load
+from model.cluster import TF_CONFIG, Cluster
 from model.config import DataConfig, TrainConfig
 from model.records import EpochRecord
+from model.training_data import load_training_data
+from tasks.local_cluster import run_local_cluster
 
 # What gradcheck takes from the training configuration: the network, the towers, one batch.
-GRADCHECK_FIELDS = frozenset({"model", "towers", "global_batch", "seed"})
+GRADCHECK_FIELDS = frozenset({"model", "towers", "workers", "global_batch", "seed"})
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,7 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Train one configuration with k towers and report accuracy and speed.",
         description="Train on DATA_DIR/tfrecords/<dataset> (made by `towerbench preprocess`). "
         "Options not given take the params file's train: section, then the dataset's/model's "
-        "preset, else the default; the resolved configuration is printed first.",
+        "preset, else the default; the resolved configuration is printed first. "
+        "--workers N starts N worker processes here (ports on 127.0.0.1); with TF_CONFIG set, "
+        "this process is that cluster's worker instead.",
     )
     add_params_option(train)
     add_model_options(train, TrainConfig)
@@ -48,7 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "gradcheck",
         help="Show that averaged tower gradients equal one device's (and MirroredStrategy's).",
         description="One fixed batch through one device, k towers averaged, k towers summed and "
-        "MirroredStrategy. Options not given take the params file's train: section, else the "
+        "MirroredStrategy; with --workers N also N worker processes of k towers each, averaged "
+        "across workers. Options not given take the params file's train: section, else the "
         "default.",
     )
     add_params_option(gradcheck)
@@ -104,10 +111,40 @@ class _Progress:
         )
 
 
+def _train_overrides(args: argparse.Namespace, fields: frozenset[str] | None = None) -> list:
+    """The options given; in a TF_CONFIG cluster `--workers` defaults to its size."""
+    overrides = overrides_from_args(TrainConfig, args)
+    if os.environ.get(TF_CONFIG) and not hasattr(args, "workers"):
+        workers = Cluster.from_environment().workers
+        overrides.append(Override(TrainConfig, "workers", workers, TF_CONFIG))
+    return [item for item in overrides if fields is None or item.field in fields]
+
+
+def _run_local_cluster(args: argparse.Namespace, workers: int) -> CommandResult:
+    """This command once per worker, on this machine; the chief's output is the result."""
+    chief_lines: list[str] = []
+
+    def on_chief_line(line: str) -> None:
+        if args.json:
+            chief_lines.append(line)
+        else:
+            print(line, end="", flush=True)
+
+    command = [sys.executable, "-m", "flows.cli", *args.argv]
+    outcome = run_local_cluster(command, workers, on_chief_line)
+    for failure in outcome.failures():
+        print(f"towerbench {args.command}: {failure}", file=sys.stderr)
+    document = json.loads("".join(chief_lines)) if args.json and "".join(chief_lines) else {}
+    return CommandResult(outcome.status, document)
+
+
 def run_train(args: argparse.Namespace) -> CommandResult:
-    overrides = overrides_from_args(TrainConfig, args) + overrides_from_args(DataConfig, args)
+    overrides = _train_overrides(args) + overrides_from_args(DataConfig, args)
     params = load(args.params, overrides, resolve_tracking=False)
     config = params.train
+    if config.workers > 1 and not os.environ.get(TF_CONFIG):
+        load_training_data(config, params.data.data_dir)  # its errors before N processes start
+        return _run_local_cluster(args, config.workers)
     print(_describe_config(config), flush=True)
     import_tensorflow()
     from model.training import train
@@ -117,10 +154,11 @@ def run_train(args: argparse.Namespace) -> CommandResult:
         config, params.data.data_dir, args.checkpoint_dir, progress.on_epoch, progress.on_progress
     )
     final = result.final
+    across = f" on each of {config.workers} workers" if config.workers > 1 else ""
     print(
         f"{result.status}: test accuracy {final.test_accuracy:.4f} "
         f"(EMA {final.ema_test_accuracy:.4f}) on {final.test_examples} test examples; "
-        f"{final.images_per_sec:.0f} images/s; {config.towers} tower(s) on "
+        f"{final.images_per_sec:.0f} images/s; {config.towers} tower(s){across} on "
         f"{final.device_kind} devices {', '.join(final.device_names)}, variables on "
         f"{final.parameter_device}; global batch {final.global_batch}, "
         f"peak LR {final.effective_lr:.4g}; {final.wall_time:.1f} s",
@@ -137,14 +175,20 @@ def run_train(args: argparse.Namespace) -> CommandResult:
 
 
 def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
-    config = load(args.params, overrides_from_args(TrainConfig, args), resolve_tracking=False).train
+    overrides = _train_overrides(args, GRADCHECK_FIELDS)
+    config = load(args.params, overrides, resolve_tracking=False).train
+    if config.workers > 1 and not os.environ.get(TF_CONFIG):
+        return _run_local_cluster(args, config.workers)
     import_tensorflow()
     import tensorflow as tf
 
     from model.gradcheck import run_gradcheck
 
     tf.get_logger().setLevel("ERROR")  # four trainers on one batch: retracing warnings are noise
-    result = run_gradcheck(config.model, config.towers, config.global_batch, config.seed)
+    cluster = Cluster.from_environment(config.collective_timeout)
+    result = run_gradcheck(config.model, config.towers, config.global_batch, config.seed, cluster)
+    if not cluster.is_chief:
+        return CommandResult(0, {})
     print(
         f"{config.model}: {config.towers} tower(s) on {result['device_kind']} devices, "
         f"global batch {config.global_batch}"
@@ -166,6 +210,13 @@ def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
             f"{key}: gradients max abs {item['max_abs_diff']:.2e}, max rel "
             f"{item['max_rel_diff']:.2e}; weights after one step max abs "
             f"{item['weights_max_abs_diff']:.2e}, max rel {item['weights_max_rel_diff']:.2e}"
+        )
+    if "workers_vs_single" in result:
+        item = result["workers_vs_single"]
+        print(
+            f"workers_vs_single ({config.workers} workers x {config.towers} towers): gradients "
+            f"max abs {item['max_abs_diff']:.2e}, max rel {item['max_rel_diff']:.2e}; weights "
+            f"after one step max rel {item['weights_max_rel_diff']:.2e}"
         )
     summed = result["sum_vs_mean"]
     print(

@@ -81,7 +81,8 @@ def time_to_target(curve: Curve, target: float) -> float | None:
 
 
 def scaling_efficiency(images_per_sec: float, baseline_images_per_sec: float, towers: int) -> float:
-    """Throughput with k towers as a fraction of k times the 1-tower throughput."""
+    """Throughput with k towers (over all workers) as a fraction of k times the 1-tower
+    throughput."""
     return images_per_sec / (towers * baseline_images_per_sec)
 
 
@@ -151,12 +152,13 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def _baseline_for(group: list[RunRecord], groups: dict[str, list[RunRecord]], swept: list[str]):
-    """The 1-tower group with the same other swept settings (preferring the same LR policy)."""
+    """The 1-tower group (of 1 worker) with the same other swept settings (preferring the same
+    LR policy)."""
     config = group[0].config
     candidates = [
         name
         for name, runs in groups.items()
-        if runs[0].config.towers == 1
+        if runs[0].config.replicas == 1
         and all(getattr(runs[0].config, key) == getattr(config, key) for key in swept)
     ]
     candidates.sort(
@@ -229,7 +231,7 @@ def group_rows(
                 row.speedup = baseline.time_to_target / row.time_to_target
             if row.images_per_sec and baseline.images_per_sec:
                 row.efficiency = scaling_efficiency(
-                    row.images_per_sec, baseline.images_per_sec, row.config.towers
+                    row.images_per_sec, baseline.images_per_sec, row.config.replicas
                 )
     return list(rows.values()), target_accuracy
 

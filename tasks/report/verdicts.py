@@ -44,13 +44,14 @@ def measured(row: GroupRow) -> str:
 
 
 def _same_devices(row: GroupRow, rows: list[GroupRow]) -> list[GroupRow]:
-    """Other non-baseline configurations with this one's towers and global batch."""
+    """Other non-baseline configurations with this one's towers (over all workers) and global
+    batch."""
     return [
         other
         for other in rows
         if other is not row
         and not other.is_baseline
-        and other.config.towers == row.config.towers
+        and other.config.replicas == row.config.replicas
         and other.config.global_batch == row.config.global_batch
     ]
 
@@ -150,14 +151,14 @@ def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> s
         return f"{points:+.1f} pp better than 1 tower (p={difference.p_value:.3f})"
     base_config = baseline.config
     prefix = f"{points:+.1f} pp (p={difference.p_value:.3f})"
-    if config.aggregation == "sum" and config.towers > 1:
+    if config.aggregation == "sum" and config.replicas > 1:
         advice = _advice(
-            f"aggregate with mean or divide the LR by {config.towers}",
+            f"aggregate with mean or divide the LR by {config.replicas}",
             row,
             rows,
             lambda c: c.aggregation == "mean",
         )
-        return f"{prefix}: summed gradients make each step {config.towers}x larger — {advice}"
+        return f"{prefix}: summed gradients make each step {config.replicas}x larger — {advice}"
     if config.global_batch > base_config.global_batch and config.lr_scaling == "none":
         advice = _advice("apply linear scaling", row, rows, lambda c: c.lr_scaling == "linear")
         text = f"global batch {config.global_batch} at unscaled LR {config.base_lr:g} — {advice}"

@@ -1,0 +1,156 @@
+"""Workers: `towerbench train --workers 2 --towers 2` is one training over two processes on
+127.0.0.1 that ends with the weights of one process with 4 towers, fails in one line when a
+worker dies, and resumes every worker from the chief's checkpoint."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import fixtures_model
+import numpy as np
+import psutil
+import pytest
+import tensorflow as tf
+
+from flows.cli import main
+from model.checkpoints import HISTORY_FILE
+from model.cluster import Cluster
+from model.errors import TowerbenchError
+
+ROOT = Path(__file__).resolve().parents[1]
+EPOCHS = 3
+# 200 examples, global batch 32: 6 full batches and one of 8 (4 per worker) per epoch.
+PARAMS = f"""\
+data: {{data_dir: data}}
+train: {{dataset: digits, epochs: {EPOCHS}, global_batch: 32, reference_batch: 32}}
+"""
+# Float32 sums in another order (towers of 8 examples, then workers) drift by ~1e-7 per step.
+WEIGHT_TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def params_file(tmp_path_factory) -> Path:
+    project = tmp_path_factory.mktemp("project")
+    return fixtures_model.write_digits_project(project, PARAMS, train=200, test=64)
+
+
+def _train(params_file: Path, checkpoints: Path, *options: str, capfd) -> dict:
+    argv = ["train", "--params", str(params_file), "--checkpoint-dir", str(checkpoints)]
+    status = main([*argv, *options, "--json"])
+    captured = capfd.readouterr()
+    assert status == 0, captured.err[-3000:]
+    return json.loads(captured.out)
+
+
+def _weights(checkpoints: Path) -> dict[str, np.ndarray]:
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(checkpoints)))
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if name.startswith(("weights/", "ema/"))
+    }
+
+
+def _largest_relative_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys() and a
+    return max(
+        float(np.max(np.abs(a[name] - b[name])) / max(np.max(np.abs(b[name])), 1e-12)) for name in b
+    )
+
+
+@pytest.fixture(scope="module")
+def four_towers(params_file: Path, tmp_path_factory) -> dict[str, np.ndarray]:
+    """The reference: one process, 4 towers (this test session's logical CPUs)."""
+    checkpoints = tmp_path_factory.mktemp("four-towers")
+    status = main(
+        ["train", "--params", str(params_file), "--towers", "4"]
+        + ["--checkpoint-dir", str(checkpoints)]
+    )
+    assert status == 0
+    return _weights(checkpoints)
+
+
+@pytest.mark.slow
+def test_two_workers_of_two_towers_end_with_the_weights_of_one_process_of_four(
+    params_file: Path, four_towers: dict, tmp_path: Path, capfd
+) -> None:
+    document = _train(params_file, tmp_path, "--workers", "2", "--towers", "2", capfd=capfd)
+    assert document["replicas"] == 4 and document["per_tower_batch"] == 8
+    assert len(document["cluster"]) == 2 and document["cluster"][0].startswith("127.0.0.1:")
+    assert document["steps"] == EPOCHS * 7 and document["config"]["workers"] == 2
+    assert _largest_relative_difference(_weights(tmp_path), four_towers) < WEIGHT_TOLERANCE
+
+
+def _worker_processes(launcher: psutil.Process) -> dict[int, psutil.Process]:
+    """The launcher's workers by their TF_CONFIG task index."""
+    workers = {}
+    for child in launcher.children():
+        with_config = child.environ().get("TF_CONFIG")
+        if with_config:
+            workers[json.loads(with_config)["task"]["index"]] = child
+    return workers
+
+
+@pytest.mark.slow
+def test_a_killed_worker_ends_the_run_in_one_line_and_every_worker_resumes(
+    params_file: Path, four_towers: dict, tmp_path: Path, capfd
+) -> None:
+    command = [sys.executable, "-m", "flows.cli", "train", "--params", str(params_file)]
+    command += ["--workers", "2", "--towers", "2", "--checkpoint-dir", str(tmp_path)]
+    launcher = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / HISTORY_FILE).exists():  # the first epoch's checkpoint
+            assert launcher.poll() is None and time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.2)
+        workers = _worker_processes(psutil.Process(launcher.pid))
+        assert sorted(workers) == [0, 1]
+        workers[1].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, stderr = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode != 0
+    assert time.monotonic() - killed_at < 30
+    assert "worker 1: killed by signal 9 (the other workers were stopped)" in stderr
+    assert "another worker stopped or became unreachable" in stderr, stderr[-3000:]
+    assert not any(worker.is_running() for worker in workers.values())
+
+    document = _train(params_file, tmp_path, "--workers", "2", "--towers", "2", capfd=capfd)
+    assert document["steps"] == EPOCHS * 7
+    assert _largest_relative_difference(_weights(tmp_path), four_towers) < WEIGHT_TOLERANCE
+
+
+@pytest.mark.slow
+def test_gradcheck_across_workers_matches_one_device(params_file: Path, capfd) -> None:
+    status = main(
+        ["gradcheck", "--workers", "2", "--towers", "2", "--global-batch", "16", "--json"]
+    )
+    captured = capfd.readouterr()
+    assert status == 0, captured.err[-3000:]
+    document = json.loads(captured.out)
+    assert document["workers"] == 2 and document["towers"] == 2
+    assert document["workers_vs_single"]["max_rel_diff"] < 1e-5
+    assert document["mirrored_vs_single"]["max_rel_diff"] < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("{not json", "expected"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}', "index 3"),
+        ('{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 0}}', "expected"),
+    ],
+)
+def test_a_bad_tf_config_is_named(text: str, problem: str, monkeypatch) -> None:
+    monkeypatch.setenv("TF_CONFIG", text)
+    with pytest.raises(TowerbenchError, match=f"TF_CONFIG: .*{problem}"):
+        Cluster.from_environment()
