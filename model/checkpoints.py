@@ -32,13 +32,16 @@ RESUMABLE_CHANGES = {"epochs", "checkpoint_every", "collective_timeout"}
 def training_state(model, optimizer, trainer: TowerTrainer) -> tf.train.Checkpoint:
     """Everything a resumed run needs besides the data order (a pure function of the step): the
     weights, the optimizer state with its step counter, the weight EMA, the noise-scale averages
-    and the running epoch's metric sums. The names are the checkpoint format."""
+    and the running epoch's metric sums; and float16's loss scale. The names are the checkpoint
+    format."""
+    scaled = {"loss_scale": trainer.loss_scale} if trainer.loss_scale.dynamic else {}
     return tf.train.Checkpoint(
         weights=[variable.value for variable in model.variables],
         optimizer=[variable.value for variable in optimizer.variables],
         ema=trainer.ema_weights,
         noise=trainer.noise,
         metric_sums=[trainer.cross_entropy_sum, trainer.correct, trainer.examples],
+        **scaled,
     )
 
 
@@ -50,6 +53,7 @@ def state_variables(state: tf.train.Checkpoint) -> list:
         *state.ema,
         *state.noise.variables,
         *state.metric_sums,
+        *(state.loss_scale.variables if hasattr(state, "loss_scale") else ()),
     ]
 
 

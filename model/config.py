@@ -190,6 +190,11 @@ class TrainConfig(StrictModel):
     contrast_upper: float = Field(1.8, ge=0, description="Random contrast upper factor.")
     seed: int = Field(0, ge=0, description="Seed for weights, data order and distortions.")
     xla: bool = Field(False, description="Compile the training step with XLA.")
+    precision: Literal["float32", "mixed_float16", "mixed_bfloat16"] = Field(
+        "float32",
+        description="Layers compute in float32, or in float16/bfloat16 with float32 master "
+        "weights (float16 with a dynamic loss scale); the real gains are on GPUs.",
+    )
     checkpoint_every: int = Field(
         0,
         ge=0,

@@ -13,6 +13,7 @@ difference ||a - b||_inf / ||b||_inf against the single device.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -20,11 +21,39 @@ import numpy as np
 from model.cluster import Cluster, join
 from model.devices import TowerDevices, configure_tower_devices, split_tower_devices
 from model.errors import TowerbenchError
+from model.precision import Precision
 
 GRADCHECK_LR = 0.1
 NUM_CLASSES = 10
 INPUT_SHAPES = {"tutorial": (24, 24, 3), "tutorial_bn": (24, 24, 3), "resnet20": (32, 32, 3)}
 BATCHNORM_MODELS = ("tutorial_bn", "resnet20")
+# Largest relative gradient difference between towers and one device that rounding explains,
+# per precision: float32 sums in another order; float16/bfloat16 also round every activation
+# (bfloat16 keeps 8 bits of mantissa). Measured on the tutorial network (2 towers, batch 64):
+# 1.2e-6, 3.2e-3 and 5.9e-2; the tolerances leave a factor of about 3 (float32: 10).
+TOLERANCE: dict[str, float] = {"float32": 1e-5, "mixed_float16": 1e-2, "mixed_bfloat16": 2e-1}
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """What every way of computing the gradient shares: one batch, one network, one start."""
+
+    model: str
+    initial: list[np.ndarray]
+    weight_decay: float
+    seed: int
+    images: Any  # tf.Tensor (B, H, W, C)
+    labels: Any  # tf.Tensor (B,)
+    precision: Precision
+
+    def network(self):
+        """The network at the initial weights."""
+        from model.networks import build_network
+
+        shape = self.images.shape[1:]
+        network = build_network(self.model, shape, NUM_CLASSES, self.seed, self.precision)
+        network.model.set_weights(self.initial)
+        return network
 
 
 def _difference(a: list[np.ndarray], b: list[np.ndarray], names: list[str]) -> dict[str, Any]:
@@ -68,71 +97,59 @@ def _comparison(grads, weights, reference_grads, reference_weights, names) -> di
 
 
 def _tower_run(
-    model_name,
-    initial,
-    devices: TowerDevices,
-    aggregation,
-    weight_decay,
-    seed,
-    images,
-    labels,
-    cluster: Cluster | None = None,
+    problem: _Problem, devices: TowerDevices, aggregation: str, cluster: Cluster | None = None
 ):
     """(data gradients, weights after one step) of the tower trainer (of every worker's, whose
-    images and labels are its slice of the batch, in a cluster)."""
+    problem holds its slice of the batch, in a cluster)."""
     import keras
     import tensorflow as tf
 
-    from model.networks import build_network
     from model.towers import TowerTrainer
 
     with tf.device(devices.parameter_device):
-        network = build_network(model_name, images.shape[1:], NUM_CLASSES, seed)
-    network.model.set_weights(initial)
+        network = problem.network()
     trainer = TowerTrainer(
         network,
         keras.optimizers.SGD(GRADCHECK_LR),
         devices,
         aggregation,
-        weight_decay,
+        problem.weight_decay,
         cluster=cluster,
+        precision=problem.precision,
     )
-    gradients = [g.numpy() for g in trainer.gradients(images, labels).data_gradients]
-    trainer.step(images, labels)
+    gradients = [
+        g.numpy() for g in trainer.gradients(problem.images, problem.labels).data_gradients
+    ]
+    trainer.step(problem.images, problem.labels)
     return gradients, [v.numpy() for v in network.model.trainable_variables]
 
 
-def _ghost_run(model_name, initial, device: str, towers, weight_decay, seed, images, labels):
+def _ghost_run(problem: _Problem, device: str, towers: int):
     """One device, one tape, the global batch's mean loss, with "ghost" BatchNorm: the network
     runs once per shard of B/k examples, so BatchNorm normalises each shard by its own
     statistics, as towers do (Hoffer et al. 2017). No per-tower gradients are averaged here."""
     import tensorflow as tf
 
-    from model.networks import build_network
-
     with tf.device(device):
-        network = build_network(model_name, images.shape[1:], NUM_CLASSES, seed)
-        network.model.set_weights(initial)
+        network = problem.network()
         variables = network.model.trainable_variables
         with tf.GradientTape() as tape:
-            logits = tf.concat(
-                [network.model(shard, training=True) for shard in tf.split(images, towers)], 0
-            )
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+            shards = tf.split(problem.images, towers)
+            logits = tf.concat([network.model(shard, training=True) for shard in shards], 0)
+            cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(problem.labels, logits)
+            loss = tf.reduce_mean(cross_entropy)
         gradients = [g.numpy() for g in tape.gradient(loss, variables)]
         decayed = {id(v) for v in network.decayed_variables}
         for variable, gradient in zip(variables, gradients, strict=True):
-            step = gradient + (weight_decay * variable.numpy() if id(variable) in decayed else 0)
-            variable.assign(variable.numpy() - GRADCHECK_LR * step)
+            extra = problem.weight_decay * variable.numpy() if id(variable) in decayed else 0
+            variable.assign(variable.numpy() - GRADCHECK_LR * (gradient + extra))
     return gradients, [v.numpy() for v in variables]
 
 
-def _mirrored_run(model_name, initial, devices: TowerDevices, weight_decay, seed, images, labels):
+def _mirrored_run(problem: _Problem, devices: TowerDevices):
     """The same with MirroredStrategy: per-replica loss = sum / global batch, gradients summed."""
     import keras
     import tensorflow as tf
-
-    from model.networks import build_network
 
     # Reducing on the parameter device (rather than collectives, the CPU default) lets several
     # strategies over different device sets live in one process.
@@ -140,11 +157,11 @@ def _mirrored_run(model_name, initial, devices: TowerDevices, weight_decay, seed
         devices.devices,
         cross_device_ops=tf.distribute.ReductionToOneDevice(devices.parameter_device),
     )
+    images, labels, weight_decay = problem.images, problem.labels, problem.weight_decay
     batch = int(images.shape[0])
     towers = len(devices.devices)
     with strategy.scope():
-        network = build_network(model_name, images.shape[1:], NUM_CLASSES, seed)
-        network.model.set_weights(initial)
+        network = problem.network()
         optimizer = keras.optimizers.SGD(GRADCHECK_LR)
         optimizer.build(network.model.trainable_variables)
     variables = network.model.trainable_variables
@@ -196,6 +213,12 @@ def _explanation(model_name: str, towers: int, result: dict[str, Any]) -> str:
         "batch (tf.nn.compute_average_loss) makes that sum the mean, so it agrees to "
         f"{result['mirrored_vs_single']['max_rel_diff']:.2e}.",
     ]
+    if result["precision"] != "float32":
+        lines.append(
+            f"In {result['precision']} every layer rounds its activations to 16 bits, so the "
+            "order of additions matters more: the stated tolerance for this precision is "
+            f"{result['tolerance']:g} (float32: {TOLERANCE['float32']:g})."
+        )
     if "workers_vs_single" in result:
         workers = result["workers"]
         lines.append(
@@ -218,7 +241,12 @@ def _explanation(model_name: str, towers: int, result: dict[str, Any]) -> str:
 
 
 def run_gradcheck(
-    model: str, towers: int, global_batch: int, seed: int = 0, cluster: Cluster | None = None
+    model: str,
+    towers: int,
+    global_batch: int,
+    seed: int = 0,
+    cluster: Cluster | None = None,
+    precision: Precision = "float32",
 ) -> dict[str, Any]:
     """Compare one device, k towers (mean, sum) and MirroredStrategy on one fixed batch, and in a
     cluster the workers' towers; workers other than the chief return {}."""
@@ -244,25 +272,24 @@ def run_gradcheck(
     labels = tf.random.stateless_uniform((global_batch,), [seed, 2], 0, NUM_CLASSES, tf.int32)
     with tf.device(devices.parameter_device):
         reference = build_network(model, shape, NUM_CLASSES, seed).model
-    initial = reference.get_weights()
     names = [v.path for v in reference.trainable_variables]
+    problem = _Problem(
+        model, reference.get_weights(), weight_decay, seed, images, labels, precision
+    )
 
     if cluster.workers > 1:
         size = global_batch // cluster.workers
         part = slice(cluster.index * size, (cluster.index + 1) * size)
-        across = _tower_run(
-            model, initial, devices, "mean", weight_decay, seed, images[part], labels[part], cluster
-        )
+        mine = replace(problem, images=images[part], labels=labels[part])
+        across = _tower_run(mine, devices, "mean", cluster)
         if not cluster.is_chief:
             return {}
     one_device = TowerDevices(devices.devices[:1], devices.parameter_device, devices.kind, 1)
-    single = _tower_run(model, initial, one_device, "mean", weight_decay, seed, images, labels)
-    mean = _tower_run(model, initial, devices, "mean", weight_decay, seed, images, labels)
-    summed = _tower_run(model, initial, devices, "sum", weight_decay, seed, images, labels)
-    mirrored = _mirrored_run(model, initial, devices, weight_decay, seed, images, labels)
-    ghost = _ghost_run(
-        model, initial, devices.devices[0], towers, weight_decay, seed, images, labels
-    )
+    single = _tower_run(problem, one_device, "mean")
+    mean = _tower_run(problem, devices, "mean")
+    summed = _tower_run(problem, devices, "sum")
+    mirrored = _mirrored_run(problem, devices)
+    ghost = _ghost_run(problem, devices.devices[0], towers)
 
     k_times_mean = [towers * g for g in mean[0]]
     sum_diff = _difference(summed[0], k_times_mean, names)
@@ -278,6 +305,8 @@ def run_gradcheck(
         "devices": list(devices.devices),
         "learning_rate": GRADCHECK_LR,
         "weight_decay": weight_decay,
+        "precision": precision,
+        "tolerance": TOLERANCE[precision],
         "mean_vs_single": _comparison(*mean, *single, names),
         "sum_vs_mean": {
             "ratio": ratio,

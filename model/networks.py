@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
+from model.precision import Precision, layers_in
+
 
 @dataclass
 class Network:
@@ -30,13 +32,16 @@ class LocalResponseNormalization(keras.layers.Layer):
         self.depth_radius, self.bias, self.alpha, self.beta = depth_radius, bias, alpha, beta
 
     def call(self, inputs):
-        return tf.nn.local_response_normalization(
-            inputs,
+        # Computed in float32 under mixed precision: a sum of squares and a power (and CPUs
+        # have no bfloat16 kernel for it).
+        normalized = tf.nn.local_response_normalization(
+            tf.cast(inputs, tf.float32),
             depth_radius=self.depth_radius,
             bias=self.bias,
             alpha=self.alpha,
             beta=self.beta,
         )
+        return tf.cast(normalized, inputs.dtype)
 
     def get_config(self):
         return {
@@ -201,8 +206,15 @@ def resnet20_network(input_shape: Sequence[int], num_classes: int, seed: int) ->
     return Network(model, [layer.kernel for layer in kernels])
 
 
-def build_network(name: str, input_shape: Sequence[int], num_classes: int, seed: int) -> Network:
-    """Build network `name` for images of `input_shape` (H, W, C) and `num_classes` classes."""
+def build_network(
+    name: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    seed: int,
+    precision: Precision = "float32",
+) -> Network:
+    """Build network `name` for images of `input_shape` (H, W, C) and `num_classes` classes,
+    its layers computing in `precision` (model.precision); logits are float32 either way."""
     builders = {
         "tutorial": tutorial_network,
         "tutorial_bn": tutorial_bn_network,
@@ -210,4 +222,12 @@ def build_network(name: str, input_shape: Sequence[int], num_classes: int, seed:
     }
     if name not in builders:
         raise ValueError(f"unknown network {name!r}; choose one of {', '.join(builders)}")
-    return builders[name](input_shape, num_classes, seed)
+    with layers_in(precision):
+        network = builders[name](input_shape, num_classes, seed)
+    if precision == "float32":
+        return network
+    logits = keras.layers.Activation("linear", dtype="float32", name="logits_float32")
+    model = keras.Model(
+        network.model.inputs, logits(network.model.outputs[0]), name=network.model.name
+    )
+    return Network(model, network.decayed_variables)

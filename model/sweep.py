@@ -97,6 +97,8 @@ def group_name(config: TrainConfig, extra_fields: list[str] | tuple[str, ...] = 
         f"lr={config.lr_scaling}",
         f"warmup={_format(config.warmup_epochs)}",
     ]
+    if config.precision != "float32":
+        parts.append(f"precision={config.precision}")
     parts += [f"{name}={_format(getattr(config, name))}" for name in extra_fields]
     return " ".join(parts)
 

@@ -29,6 +29,7 @@ from model.cluster import STEP_INSTANCE_KEY, Cluster, sum_over_workers
 from model.devices import TowerDevices
 from model.networks import Network
 from model.noise_scale import NoiseScaleEstimator
+from model.precision import LossScale, Precision
 
 
 def shard_sizes(batch: int, towers: int) -> list[int]:
@@ -67,6 +68,7 @@ class TowerTrainer:
         ema_decay: float | None = None,
         jit_compile: bool = False,
         cluster: Cluster | None = None,
+        precision: Precision = "float32",
     ):
         if aggregation not in ("mean", "sum"):
             raise ValueError(f"aggregation must be mean or sum, got {aggregation!r}")
@@ -89,6 +91,7 @@ class TowerTrainer:
                 for variable in self.trainable
             ]
             self.noise = NoiseScaleEstimator()
+            self.loss_scale = LossScale(precision)
             self.cross_entropy_sum = tf.Variable(0.0, trainable=False, dtype=tf.float64)
             self.correct = tf.Variable(0, trainable=False, dtype=tf.int64)
             self.examples = tf.Variable(0, trainable=False, dtype=tf.int64)
@@ -112,8 +115,9 @@ class TowerTrainer:
         """Towers of all workers."""
         return self.towers * self.cluster.workers
 
-    def _tower_pass(self, weights, non_trainable, images, labels, normalizer):
-        """One tower: forward, cross-entropy, backward. Shapes: images (b, H, W, C), labels (b,)."""
+    def _tower_pass(self, weights, non_trainable, images, labels, normalizer, scale):
+        """One tower: forward, cross-entropy, backward. Shapes: images (b, H, W, C), labels (b,).
+        The gradients are of the loss times `scale` (float16's loss scale, else 1)."""
         with tf.GradientTape() as tape:
             tape.watch(weights)
             logits, new_non_trainable = self.model.stateless_call(
@@ -121,7 +125,8 @@ class TowerTrainer:
             )
             cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
             loss = tf.reduce_sum(cross_entropy) / normalizer
-        gradients = tape.gradient(loss, weights)
+            scaled = loss * scale if self.loss_scale.dynamic else loss
+        gradients = tape.gradient(scaled, weights)
         hits = tf.equal(tf.argmax(logits, -1, tf.int32), labels)
         correct = tf.reduce_sum(tf.cast(hits, tf.int64))
         return gradients, tf.reduce_sum(cross_entropy), correct, new_non_trainable
@@ -136,6 +141,7 @@ class TowerTrainer:
             # Read each variable once; every tower consumes the same tensor.
             weights = [tf.convert_to_tensor(v.value) for v in self.trainable]
             non_trainable = [tf.convert_to_tensor(v.value) for v in self.non_trainable]
+            scale = tf.convert_to_tensor(self.loss_scale.scale)
         image_shards = tf.split(images, sizes)
         label_shards = tf.split(labels, sizes)
         results = []
@@ -144,7 +150,9 @@ class TowerTrainer:
         ):
             with tf.device(device):
                 results.append(
-                    self._tower(weights, non_trainable, shard_images, shard_labels, normalizer)
+                    self._tower(
+                        weights, non_trainable, shard_images, shard_labels, normalizer, scale
+                    )
                 )
         tower_gradients, tower_losses, tower_correct, tower_non_trainable = zip(
             *results, strict=True
@@ -157,6 +165,9 @@ class TowerTrainer:
             cross_entropy_sum = tf.add_n(list(tower_losses))
             correct = tf.add_n(list(tower_correct))
             small_sum = tf.add_n([_squared_norm(list(g)) for g in tower_gradients])
+            if self.loss_scale.dynamic:  # exact: the scale is a power of 2
+                summed = [gradient / scale for gradient in summed]
+                small_sum = small_sum / (scale * scale)
             if self.cluster.workers > 1:
                 reduced = sum_over_workers(
                     [*summed, *state_sums, cross_entropy_sum, correct, small_sum],
@@ -201,7 +212,7 @@ class TowerTrainer:
                 gradient if extra is None else gradient + extra
                 for gradient, extra in zip(combined.data_gradients, decay_gradients, strict=True)
             ]
-            self.optimizer.apply(gradients, self.trainable)
+            self.loss_scale.apply(self.optimizer, gradients, self.trainable)
             for variable, value in zip(
                 self.non_trainable, combined.non_trainable_values, strict=True
             ):

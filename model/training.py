@@ -138,7 +138,9 @@ def _set_up(
     keras.utils.set_random_seed(config.seed)
     input_shape = network_input_shape(manifest.image_shape, config.crop_size)
     with tf.device(devices.parameter_device):
-        network = build_network(config.model, input_shape, len(manifest.classes), config.seed)
+        network = build_network(
+            config.model, input_shape, len(manifest.classes), config.seed, config.precision
+        )
     optimizer = keras.optimizers.SGD(
         learning_rate=StepSchedule(schedule, plan.steps),
         momentum=config.momentum if config.optimizer in ("momentum", "nesterov") else 0.0,
@@ -153,6 +155,7 @@ def _set_up(
         config.ema_decay,
         config.xla,
         cluster,
+        config.precision,
     )
     evaluator = Evaluator(
         network.model,

@@ -100,5 +100,7 @@ def log_evaluation(result: Any) -> None:
 
     if config.towers >= 2:
         # On one fixed synthetic batch of the same network, towers and global batch.
-        check = run_gradcheck(config.model, config.towers, config.global_batch, config.seed)
+        check = run_gradcheck(
+            config.model, config.towers, config.global_batch, config.seed, None, config.precision
+        )
         mlflow.log_dict(check, "gradcheck.json")

@@ -24,7 +24,7 @@ from model.training_data import load_training_data
 from tasks.local_cluster import run_local_cluster
 
 # What gradcheck takes from the training configuration: the network, the towers, one batch.
-GRADCHECK_FIELDS = frozenset({"model", "towers", "workers", "global_batch", "seed"})
+GRADCHECK_FIELDS = frozenset({"model", "towers", "workers", "global_batch", "seed", "precision"})
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -186,7 +186,9 @@ def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
 
     tf.get_logger().setLevel("ERROR")  # four trainers on one batch: retracing warnings are noise
     cluster = Cluster.from_environment(config.collective_timeout)
-    result = run_gradcheck(config.model, config.towers, config.global_batch, config.seed, cluster)
+    result = run_gradcheck(
+        config.model, config.towers, config.global_batch, config.seed, cluster, config.precision
+    )
     if not cluster.is_chief:
         return CommandResult(0, {})
     print(
