@@ -22,6 +22,8 @@ class BenchSettings:
     per_tower_towers: tuple[int, ...] = (1, 2, 4, 8)  # tower counts timed at the per-tower batch
     keras_towers: tuple[int, ...] = (1, 4)  # compared at the per-tower batch
     roofline_batch: int = 128  # the 1-tower step whose FLOP/s is set against the roofline
+    # Training options timed against float32 (1 tower, the fixed global batch): no target here.
+    options: tuple[str, ...] = ("xla", "mixed_float16", "mixed_bfloat16")
     examples_per_repeat: int = 1024  # a step repeat runs max(1, this / global batch) steps
     roofline_sizes: tuple[int, ...] = (2048, 4096)
     pipeline_examples: int = 10_000  # TFRecords the input pipeline reads per repeat (one epoch)

@@ -26,7 +26,7 @@ def tower_step_runner(
     """A callable that runs `steps` tower steps on the first `towers` devices; seconds per step."""
     tower_devices = replace(devices, devices=devices.devices[:towers], replicas=towers)
     with tf.device(tower_devices.parameter_device):
-        network = build_network(NETWORK, IMAGE_SHAPE, NUM_CLASSES, config.seed)
+        network = build_network(NETWORK, IMAGE_SHAPE, NUM_CLASSES, config.seed, config.precision)
     # The optimizer as model/training.py builds it: plain SGD on the epoch-counted LR schedule.
     optimizer = keras.optimizers.SGD(
         learning_rate=StepSchedule(schedule_from_config(config, global_batch), STEPS_PER_EPOCH)
@@ -39,6 +39,7 @@ def tower_step_runner(
         weight_decay=config.weight_decay,
         ema_decay=config.ema_decay,
         jit_compile=config.xla,
+        precision=config.precision,
     )
     images, labels = synthetic_batch(global_batch, config.seed)
 

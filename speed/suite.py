@@ -35,6 +35,9 @@ def step_configurations(settings: BenchSettings) -> list[StepKey]:
     keys += [("towerbench", k, settings.fixed_global_batch) for k in settings.towers]
     keys += [("towerbench", k, k * settings.per_tower_batch) for k in settings.per_tower_towers]
     keys.append(("towerbench", 1, settings.roofline_batch))
+    keys += [
+        (f"towerbench:{option}", 1, settings.fixed_global_batch) for option in settings.options
+    ]
     keys += [("keras_mirrored", k, k * settings.per_tower_batch) for k in settings.keras_towers]
     return list(dict.fromkeys(keys))
 
@@ -51,7 +54,18 @@ def ratio_pairs(settings: BenchSettings) -> list[tuple[StepKey, StepKey]]:
         (("matmul", 1, size), ("towerbench", 1, settings.roofline_batch))
         for size in settings.roofline_sizes
     ]
+    pairs += [
+        ((f"towerbench:{option}", 1, fixed), ("towerbench", 1, fixed))
+        for option in settings.options
+    ]
     return pairs
+
+
+def with_option(config: TrainConfig, option: str) -> TrainConfig:
+    """`config` with a timed option on: `xla`, or a precision."""
+    if option == "xla":
+        return config.model_copy(update={"xla": True})
+    return config.model_copy(update={"precision": option})
 
 
 def measure_steps(
@@ -61,8 +75,12 @@ def measure_steps(
     runs = {}
     for runner, towers, batch in step_configurations(settings):
         steps = settings.steps_per_repeat(batch)
-        if runner == "towerbench":
-            runs[(runner, towers, batch)] = tower_step_runner(devices, towers, batch, steps, config)
+        if runner.startswith("towerbench"):
+            option = runner.partition(":")[2]
+            variant = with_option(config, option) if option else config
+            runs[(runner, towers, batch)] = tower_step_runner(
+                devices, towers, batch, steps, variant
+            )
         else:
             runs[(runner, towers, batch)] = keras_mirrored_runner(
                 devices.devices[:towers], batch, steps, config

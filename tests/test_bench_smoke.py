@@ -79,6 +79,9 @@ def test_every_configuration_is_measured(tiny_results: dict) -> None:
         ("towerbench", 1, 8),
         ("keras_mirrored", 1, 8),
         ("keras_mirrored", 2, 16),
+        ("towerbench:xla", 1, 16),
+        ("towerbench:mixed_float16", 1, 16),
+        ("towerbench:mixed_bfloat16", 1, 16),
     }
     assert all(step["step_seconds"] > 0 for step in tiny_results["steps"])
     assert set(tiny_results["matmul_flops_per_sec"]) == {"64", "128"}
@@ -95,6 +98,7 @@ def test_summary_has_the_issue_shape_and_correct_ratios(tiny_results: dict) -> N
     assert list(summary) == [
         "tower_overhead",
         "vs_keras_mirrored",
+        "options_vs_float32",
         "roofline_fraction",
         "input_pipeline_ratio",
         "preprocess_60k_seconds",
@@ -103,6 +107,7 @@ def test_summary_has_the_issue_shape_and_correct_ratios(tiny_results: dict) -> N
     ]
     assert set(summary["tower_overhead"]) == {"2"}
     assert set(summary["vs_keras_mirrored"]) == {"1", "2"}
+    assert set(summary["options_vs_float32"]) == {"xla", "mixed_float16", "mixed_bfloat16"}
     rounds = {
         (s["runner"], s["towers"], s["global_batch"]): s["repeats"] for s in tiny_results["steps"]
     }
