@@ -99,7 +99,14 @@ def join(cluster: Cluster) -> None:
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
         timeout_seconds=cluster.timeout_seconds,
     )
-    tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    try:
+        tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except tf.errors.OpError as error:
+        address = cluster.addresses[cluster.index]
+        raise TowerbenchError(
+            f"{TF_CONFIG}: worker {cluster.index} could not start its server on {address} "
+            f"({error.message.strip()}; is the port in use?)"
+        ) from None
     _joined = cluster
 
 
