@@ -29,6 +29,9 @@ LAUNCHER_PID = "TOWERBENCH_LAUNCHER_PID"
 # How long a stopped worker has to exit (the chief marks its MLflow run) before it is killed.
 STOP_GRACE_SECONDS = 3
 _POLL_SECONDS = 0.2
+# After one worker fails, how long the others get to fail on their own (a collective notices a
+# dead peer at once, the coordination service's heartbeat within about 10 s) before being stopped.
+FAILURE_GRACE_SECONDS = 15
 
 
 # A line that states a failure: `error: ...` or `towerbench train: error: ...`.
@@ -110,12 +113,16 @@ def _stop(processes: list[subprocess.Popen]) -> None:
 def _stop_all_when_one_fails(
     processes: list[subprocess.Popen], done: threading.Event, failed: list[int]
 ) -> None:
-    """Poll the workers; at the first failure, note which one and stop the rest."""
+    """Poll the workers; at the first failure, note which one, give the others
+    `FAILURE_GRACE_SECONDS` to notice and say so themselves, then stop them."""
     while not done.is_set():
         failed.extend(
             index for index, process in enumerate(processes) if process.poll() not in (None, 0)
         )
         if failed:
+            deadline = time.monotonic() + FAILURE_GRACE_SECONDS
+            while time.monotonic() < deadline and any(p.poll() is None for p in processes):
+                time.sleep(_POLL_SECONDS)
             _stop(processes)
             return
         time.sleep(_POLL_SECONDS)
