@@ -1,7 +1,7 @@
 """Workers: one training run over several processes or hosts, joined by TensorFlow's collectives.
 
 Each worker runs the same tower step on its own devices and its slice of every global batch; one
-all-reduce per step (`all_reduce_sum`) adds the workers' combined gradients, BatchNorm statistics
+all-reduce per step (`sum_over_workers`) adds the workers' combined gradients, BatchNorm statistics
 and metric sums, so every worker applies the same update and the weights stay identical.
 `tf.distribute.MultiWorkerMirroredStrategy` is created only to bring the cluster up (gRPC server,
 coordination service with heartbeats, collective executor); its variables and `strategy.run` are
@@ -27,7 +27,6 @@ TF_CONFIG = "TF_CONFIG"
 _GROUP_KEY = 1_000_000
 STEP_INSTANCE_KEY = 1
 BROADCAST_INSTANCE_KEY = 2
-GRADCHECK_INSTANCE_KEY = 3
 _BARRIER_MILLISECONDS = 1_800_000  # the chief may still be logging to MLflow
 
 

@@ -57,12 +57,10 @@ class LossScale(tf.Module):
             grow = self.good_steps == GROWTH_STEPS - 1
             self.scale.assign(tf.where(grow, self.scale * 2.0, self.scale))
             self.good_steps.assign(tf.where(grow, tf.constant(0, tf.int64), self.good_steps + 1))
-            return tf.constant(True)
 
         def skip():
             optimizer.iterations.assign_add(1)
             self.scale.assign(self.scale * 0.5)
             self.good_steps.assign(0)
-            return tf.constant(False)
 
         tf.cond(finite, step, skip)

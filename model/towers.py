@@ -141,7 +141,8 @@ class TowerTrainer:
             # Read each variable once; every tower consumes the same tensor.
             weights = [tf.convert_to_tensor(v.value) for v in self.trainable]
             non_trainable = [tf.convert_to_tensor(v.value) for v in self.non_trainable]
-            scale = tf.convert_to_tensor(self.loss_scale.scale)
+            # float16 only: the other precisions read no scale on the hot path.
+            scale = tf.convert_to_tensor(self.loss_scale.scale) if self.loss_scale.dynamic else None
         image_shards = tf.split(images, sizes)
         label_shards = tf.split(labels, sizes)
         results = []
