@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -140,24 +141,19 @@ def _end_with_the_sweep(request: WorkerRequest) -> None:
     threading.Thread(target=watch, daemon=True, name="watch-sweep").start()
 
 
-def _one_error_line(error: Exception) -> str:
-    # One line: TensorFlow's messages span many ("in user code: ... the actual problem").
-    message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
-    return f"error: {type(error).__name__}: {message[-1000:]}"
-
-
-def _follow_the_chief(request: WorkerRequest) -> int:
-    """A worker other than the chief: train in step with the others; the chief logs and saves."""
-    from model.training import train
-
+def _exit_status(work: Callable[[], object]) -> int:
+    """Run `work`; 0, or a failure as one `error:` line on stderr: 2 for a bad setting, 1 for a
+    crash (after its traceback)."""
     try:
-        train(request.config, request.data_dir)
+        work()
     except TowerbenchError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 2
-    except Exception as error:  # noqa: BLE001 - reported as a line the chief's task shows
+    except Exception as error:  # noqa: BLE001 - any crash is recorded as this run's failure
         traceback.print_exc()
-        print(_one_error_line(error), file=sys.stderr, flush=True)
+        # One line: TensorFlow's messages span many ("in user code: ... the actual problem").
+        message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        print(f"error: {type(error).__name__}: {message[-1000:]}", file=sys.stderr, flush=True)
         return 1
     return 0
 
@@ -165,25 +161,26 @@ def _follow_the_chief(request: WorkerRequest) -> int:
 def main() -> int:
     request = WorkerRequest.model_validate_json(sys.stdin.read())
     if not cluster.Cluster.from_environment().is_chief:
-        return _follow_the_chief(request)
+        # The other workers train in step with the chief, which logs and saves.
+        from model.training import train
+
+        return _exit_status(lambda: train(request.config, request.data_dir))
     _end_with_the_sweep(request)
     bound_mlflow_http()  # also when started by a served deployment, not the CLI
     import mlflow
 
     mlflow.set_tracking_uri(request.tracking_uri)
     mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_SECONDS)
-    try:
+    summary: dict[str, Any] = {}
+
+    def logged_run() -> None:
         with mlflow.start_run(run_id=request.run_id, log_system_metrics=True):
-            summary = run(request)
-    except TowerbenchError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return 2
-    except Exception as error:  # noqa: BLE001 - any crash is recorded as this run's failure
-        traceback.print_exc()
-        print(_one_error_line(error), file=sys.stderr, flush=True)
-        return 1
-    emit("result", summary)
-    return 0
+            summary.update(run(request))
+
+    status = _exit_status(logged_run)
+    if status == 0:
+        emit("result", summary)
+    return status
 
 
 if __name__ == "__main__":
