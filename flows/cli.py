@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "flows.commands.train",
     "flows.commands.orchestrate",
     "flows.commands.bench",
+    "flows.commands.team",
 )
 
 

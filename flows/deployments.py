@@ -94,7 +94,7 @@ def _wait_for(url: str, process: subprocess.Popen, timeout: float = 90) -> None:
     raise TowerbenchError(f"{url}: no answer after {timeout:.0f} s")
 
 
-def _tool(name: str) -> str:
+def tool(name: str) -> str:
     """A console script of this environment (next to its python), else from PATH."""
     candidate = Path(sys.executable).with_name(name)
     return str(candidate) if candidate.exists() else (shutil.which(name) or name)
@@ -115,7 +115,7 @@ def _start(command: list[str], environment: dict[str, str]) -> subprocess.Popen:
     )
 
 
-def _server_environment() -> dict[str, str]:
+def server_environment() -> dict[str, str]:
     # MLflow's background job runner (GenAI scoring, trace archival) is 8 processes we never use.
     return {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
 
@@ -149,21 +149,21 @@ def run_ui(params: Params, params_path: Path) -> None:
     processes: list[subprocess.Popen] = []
     try:
         prefect_server = _start(
-            [_tool("prefect"), "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)],
-            _server_environment(),
+            [tool("prefect"), "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)],
+            server_environment(),
         )
         processes.append(prefect_server)
         relay.follow("prefect-server", prefect_server.stdout)
         relay.follow("prefect-server", prefect_server.stderr)
         # Before the MLflow server opens the store: the link below goes straight to its runs.
         experiment_id = ensure_experiment(tracking, experiment_name(tracking, params.train))
-        mlflow_command = [_tool("mlflow"), "ui", "--host", HOST, "--port", str(MLFLOW_PORT)]
+        mlflow_command = [tool("mlflow"), "ui", "--host", HOST, "--port", str(MLFLOW_PORT)]
         mlflow_command += ["--workers", "1"]  # one user: spare the cores for training
         mlflow_command += ["--uvicorn-opts", "--no-access-log --log-level warning"]
         mlflow_command += ["--backend-store-uri", tracking.tracking_uri or ""]
         if tracking.artifact_root:
             mlflow_command += ["--default-artifact-root", tracking.artifact_root]
-        mlflow_server = _start(mlflow_command, _server_environment())
+        mlflow_server = _start(mlflow_command, server_environment())
         processes.append(mlflow_server)
         relay.follow("mlflow-ui", mlflow_server.stdout)
         relay.follow("mlflow-ui", mlflow_server.stderr)
@@ -175,7 +175,7 @@ def run_ui(params: Params, params_path: Path) -> None:
             f"{TRAINING_VIEW}"
         )
         environment = dict(os.environ, PREFECT_API_URL=f"{prefect_url}/api")
-        command = [_tool("towerbench"), "serve", "--params", str(params_path)]
+        command = [tool("towerbench"), "serve", "--params", str(params_path)]
         served = _start(command + ["--tracking-uri", tracking.tracking_uri or ""], environment)
         processes.append(served)
         relay.follow("serve", served.stdout)  # Prefect's banner; the runs log to stderr

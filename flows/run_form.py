@@ -17,7 +17,15 @@ from model.config import FetchConfig, StrictModel, TrainConfig
 from model.params import Params, SweepGrid
 
 DATASET_FIELDS = ("source", "url", "name")
-SWEEP_FIELDS = ("towers", "seeds", "lr_scaling", "warmup_epochs", "aggregation", "budget")
+SWEEP_FIELDS = (
+    "towers",
+    "seeds",
+    "lr_scaling",
+    "warmup_epochs",
+    "aggregation",
+    "budget",
+    "pool",
+)
 
 
 def _pick(name: str, model: type[BaseModel], fields: tuple[str, ...], doc: str) -> type:
@@ -39,7 +47,9 @@ DatasetChoice = _pick(
     DATASET_FIELDS,
     "The dataset to fetch, preprocess (through DVC) and train on.",
 )
-SweepChoice = _pick("SweepChoice", SweepGrid, SWEEP_FIELDS, "The lists the sweep compares.")
+SweepChoice = _pick(
+    "SweepChoice", SweepGrid, SWEEP_FIELDS, "The lists the sweep compares, and where it runs."
+)
 
 
 def form_parameters(params: Params, params_path: Path) -> dict[str, Any]:

@@ -8,26 +8,32 @@ finished configurations are reused, an interrupted one continues from its checkp
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import shutil
 import time
 from pathlib import Path
 from typing import Any, Literal
+from uuid import UUID
 
-from mlflow.entities import RunStatus
+from mlflow.entities import Run, RunStatus
 from mlflow.exceptions import MlflowException
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    update_progress_artifact,
+)
 from prefect.exceptions import TerminationSignal
 
 from model.config import DataConfig, TrainConfig
 from model.errors import TowerbenchError
 from model.params import Params, ReportConfig, SweepGrid, TrackingConfig
 from model.sweep import expand, group_name, run_name, swept_fields
-from model.tfrecords import dataset_dir
+from tasks.data_check import manifest_digest
 from tasks.report import make_report
 from tasks.tracking import (
+    DONE_STATUSES,
     STATUS_TAG,
+    WORKER_TAG,
     config_key,
     create_config_run,
     ensure_experiment,
@@ -41,21 +47,10 @@ from tasks.tracking import (
     sweep_key,
     unfinished_sweep,
 )
-from tasks.train import train_configuration
+from tasks.train import checkpoint_dir, train_configuration
 from tasks.train_worker import WorkerRequest
 
 FlowKind = Literal["sweep", "pipeline", "benchmark"]
-CHECKPOINTS = "checkpoints"  # under the data dir, one folder per MLflow run
-DONE_STATUSES = ("completed", "diverged")  # a configuration that ended: reused on resume
-
-
-def manifest_digest(data_dir: Path, dataset: str) -> str:
-    """Data version when no DVC hash is given: md5 of the manifest, which lists every shard's
-    sha256 (so it changes whenever the TFRecords do)."""
-    manifest = dataset_dir(data_dir, dataset) / "manifest.json"
-    if not manifest.is_file():
-        return "missing"
-    return "manifest-md5:" + hashlib.md5(manifest.read_bytes()).hexdigest()
 
 
 def _summary(run_id: str, name: str, config: TrainConfig, outcome: dict[str, Any]) -> dict:
@@ -68,7 +63,7 @@ def _summary(run_id: str, name: str, config: TrainConfig, outcome: dict[str, Any
         "status": outcome["status"],
         "test_accuracy": outcome.get("test_accuracy"),
     }
-    for optional in ("error", "unstable"):
+    for optional in ("error", "unstable", "worker"):
         if outcome.get(optional):
             summary[optional] = outcome[optional]
     return summary
@@ -79,6 +74,57 @@ def _failure_summary(summaries: list[dict[str, Any]]) -> str:
     lines = [f"**{len(failed)} of {len(summaries)} configurations failed.**", ""]
     lines += [f"- `{summary['name']}`: {summary.get('error', 'see its log')}" for summary in failed]
     return "\n".join(lines)
+
+
+def _train_here(
+    request: WorkerRequest,
+    name: str,
+    tracking: TrackingConfig,
+    progress: UUID,
+    span: tuple[float, float],
+) -> dict[str, Any]:
+    """One configuration in a process of this machine; its summary."""
+    state = train_configuration(request, name, tracking, progress, span, return_state=True)
+    if state.is_failed():
+        outcome = {"status": "failed", "error": str(state.result(raise_on_failure=False))}
+    else:
+        outcome = state.result()
+        shutil.rmtree(request.checkpoint_dir, ignore_errors=True)  # the model is in MLflow
+    return _summary(request.run_id, name, request.config, outcome)
+
+
+def _train_on_pool(
+    pool: str,
+    jobs: list[tuple[int, str, WorkerRequest]],
+    data: DataConfig,
+    tracking: TrackingConfig,
+    progress: UUID,
+) -> dict[int, dict[str, Any]]:
+    """The configurations as flow runs of `pool`'s workers; index -> summary."""
+    from flows.fan_out import Job, run_on_pool
+
+    if not (tracking.tracking_uri or "").startswith(("http://", "https://")):
+        get_run_logger().warning(
+            "tracking URI %s is not a server: only workers on this host can log to it",
+            tracking.tracking_uri,
+        )
+    # Workers take the data folder in their own project folder, unless it is absolute (shared).
+    on_workers = [
+        Job(
+            index,
+            request.model_copy(update={"data_dir": data.data_dir, "checkpoint_dir": None}),
+            name,
+        )
+        for index, name, request in jobs
+    ]
+    summaries: dict[int, dict[str, Any]] = {}
+
+    def on_done(job: Job, outcome: dict[str, Any]) -> None:
+        summaries[job.index] = _summary(job.request.run_id, job.name, job.request.config, outcome)
+        update_progress_artifact(progress, 100 * len(summaries) / len(jobs))
+
+    run_on_pool(pool, on_workers, tracking, on_done)
+    return summaries
 
 
 @flow(name="sweep", flow_run_name="sweep {train.dataset}")
@@ -137,9 +183,10 @@ def sweep(
     progress = create_progress_artifact(
         0.0, key="sweep-progress", description=f"Training {len(configs)} runs"
     )
-    summaries = []
+    by_index: dict[int, dict[str, Any]] = {}  # configuration index -> summary
     status = RunStatus.FAILED
     try:
+        pending = []
         for index, config in enumerate(configs):
             name = run_name(config, extra)
             earlier = previous.get(config_key(config))
@@ -147,10 +194,17 @@ def sweep(
                 outcome = {
                     "status": earlier.data.tags[STATUS_TAG],
                     "test_accuracy": earlier.data.metrics.get("test_accuracy"),
+                    "worker": earlier.data.tags.get(WORKER_TAG),
                 }
-                summaries.append(_summary(earlier.info.run_id, name, config, outcome))
+                by_index[index] = _summary(earlier.info.run_id, name, config, outcome)
                 logger.info("%s: done in an earlier attempt, reused", name)
-                continue
+            else:
+                pending.append((index, name, config, earlier))
+
+        def open_run(name: str, config: TrainConfig, earlier: Run | None) -> WorkerRequest:
+            """The configuration's MLflow run (its interrupted one, or a new child) and the
+            request that trains it; opened just before it trains, so a stopped sweep leaves no
+            run RUNNING that never started."""
             if earlier is not None:
                 run_id = earlier.info.run_id
                 reopen_run(tracking, run_id, "running")
@@ -164,23 +218,24 @@ def sweep(
                     group_name(config, extra),
                     versions[config.dataset],
                 )
-            checkpoints = data_dir / CHECKPOINTS / run_id
-            request = WorkerRequest(
+            return WorkerRequest(
                 config=config,
                 data_dir=data_dir,
                 tracking_uri=tracking.tracking_uri or "",
                 run_id=run_id,
                 data_version=versions[config.dataset],
-                checkpoint_dir=checkpoints,
+                checkpoint_dir=checkpoint_dir(data_dir, run_id),
             )
-            span = (100 * index / len(configs), 100 * (index + 1) / len(configs))
-            state = train_configuration(request, name, tracking, progress, span, return_state=True)
-            if state.is_failed():
-                outcome = {"status": "failed", "error": str(state.result(raise_on_failure=False))}
-            else:
-                outcome = state.result()
-                shutil.rmtree(checkpoints, ignore_errors=True)  # the model is in MLflow
-            summaries.append(_summary(run_id, name, config, outcome))
+
+        if sweep.pool is None:
+            for index, name, config, earlier in pending:
+                span = (100 * index / len(configs), 100 * (index + 1) / len(configs))
+                request = open_run(name, config, earlier)
+                by_index[index] = _train_here(request, name, tracking, progress, span)
+        else:
+            jobs = [(i, name, open_run(name, c, earlier)) for i, name, c, earlier in pending]
+            by_index.update(_train_on_pool(sweep.pool, jobs, data, tracking, progress))
+        summaries = [by_index[index] for index in sorted(by_index)]
         if all(summary["status"] == "failed" for summary in summaries):
             raise TowerbenchError(
                 f"all {len(summaries)} configurations failed; the first: "

@@ -144,6 +144,12 @@ class SweepGrid(StrictModel):
     grid: TrainGrid = Field(  # type: ignore[valid-type]
         default_factory=TrainGrid, description="Other training parameters to sweep, as lists."
     )
+    pool: str | None = Field(
+        None,
+        min_length=1,
+        description="Prefect work pool to fan the configurations out to, one flow run each "
+        "(`towerbench worker --pool NAME` on every GPU host); unset: one local process each.",
+    )
 
 
 class TrackingConfig(StrictModel):

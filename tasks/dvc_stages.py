@@ -42,7 +42,7 @@ class StageError(TowerbenchError):
         self.transient = transient
 
 
-def _run_dvc(repo: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+def run_dvc(repo: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
     """Run the DVC of this environment in `repo`; its stage commands find our `towerbench`."""
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
@@ -58,8 +58,10 @@ def _run_dvc(repo: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
         lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
         # The stage's own one-line error (from the towerbench CLI) says most; show it.
         cause = next((line for line in lines if "towerbench" in line and "error:" in line), None)
+        dvc_error = next((line for line in lines if line.startswith("ERROR:")), None)
+        said = cause or dvc_error or (lines[-1] if lines else "")
         raise StageError(
-            f"{repo}: dvc {' '.join(arguments)} failed: {cause or (lines[-1] if lines else '')}",
+            f"{repo}: dvc {' '.join(arguments)} failed: {said}",
             transient=cause is not None and _DOWNLOAD_GAVE_UP.search(cause) is not None,
         )
     return result
@@ -152,7 +154,7 @@ def data_stages(
 
 def repro_stage(stages: DataStages, stage: str) -> None:
     """`dvc repro STAGE` (and the stages it depends on) where `stages` says."""
-    _run_dvc(stages.project, "repro", stages.target(stage))
+    run_dvc(stages.project, "repro", stages.target(stage))
 
 
 def data_version(folder: Path) -> str:

@@ -29,6 +29,7 @@ LAUNCHER_PID = "TOWERBENCH_LAUNCHER_PID"
 # How long a stopped worker has to exit (the chief marks its MLflow run) before it is killed.
 STOP_GRACE_SECONDS = 3
 _POLL_SECONDS = 0.2
+SETTLE_SECONDS = 1.0  # from a first failure until the workers that failed with it are collected
 # After one worker fails, how long the others get to fail on their own (a collective notices a
 # dead peer at once, the coordination service's heartbeat within about 10 s) before being stopped.
 FAILURE_GRACE_SECONDS = 15
@@ -110,15 +111,24 @@ def _stop(processes: list[subprocess.Popen]) -> None:
             process.wait()
 
 
+def _cause_first(codes: list[int | None]) -> list[int]:
+    """The workers that failed, one killed by a signal first: it caused the others' collective
+    errors (seen together, the order of their exits says nothing)."""
+    ended = [index for index, code in enumerate(codes) if code]
+    return sorted(ended, key=lambda index: codes[index] > 0)
+
+
 def _stop_all_when_one_fails(
     processes: list[subprocess.Popen], done: threading.Event, failed: list[int]
 ) -> None:
     """Poll the workers; at the first failure, note which one, give the others
     `FAILURE_GRACE_SECONDS` to notice and say so themselves, then stop them."""
     while not done.is_set():
-        failed.extend(
-            index for index, process in enumerate(processes) if process.poll() not in (None, 0)
-        )
+        if any(process.poll() not in (None, 0) for process in processes):
+            # A killed worker can take longer to be reaped than the others take to notice and
+            # exit: after a moment, one killed by a signal is taken as the cause.
+            time.sleep(SETTLE_SECONDS)
+            failed.extend(_cause_first([process.poll() for process in processes]))
         if failed:
             deadline = time.monotonic() + FAILURE_GRACE_SECONDS
             while time.monotonic() < deadline and any(p.poll() is None for p in processes):
@@ -183,6 +193,6 @@ def run_local_cluster(
             log.seek(0)
             texts.append(log.read() if capture_chief_stderr or index else "")
     codes = [process.returncode for process in processes]
-    if not failed and any(codes):  # ended before the watcher looked
-        failed.append(next(index for index, code in enumerate(codes) if code))
+    if not failed:  # ended before the watcher looked
+        failed = _cause_first(codes)
     return ClusterOutcome(codes, texts, failed[0] if failed else None)

@@ -26,6 +26,7 @@ PROJECT_DIR = Path(__file__).resolve().parents[1]
 KIND_TAG = "towerbench.kind"  # "sweep" on parent runs, "config" on each configuration's run
 FLOW_TAG = "towerbench.flow"  # which flow made a sweep: "sweep", "pipeline" or "benchmark"
 STATUS_TAG = "towerbench.status"  # running | completed | diverged | failed
+DONE_STATUSES = ("completed", "diverged")  # a configuration that ended: reused on resume
 ERROR_TAG = "towerbench.error"
 CONFIG_TAG = "towerbench.config"  # the run's TrainConfig as JSON, to rebuild it exactly
 GROUP_TAG = "towerbench.group"  # the configuration without its seed
@@ -33,6 +34,12 @@ DATA_VERSION_TAG = "towerbench.data_version"
 UNSTABLE_TAG = "towerbench.unstable"  # why a completed run counts as unstable (learning collapsed)
 SWEPT_TAG = "towerbench.swept"  # JSON list of the training fields a sweep varied besides its axes
 SWEEP_KEY_TAG = "towerbench.sweep_key"  # what a sweep trains, on which data: resume finds it
+# Where a pool's worker ran a configuration (`towerbench sweep --pool`).
+HOST_TAG = "towerbench.host"
+WORKER_TAG = "towerbench.worker"
+DEVICES_TAG = "towerbench.devices"
+FLOW_RUN_TAG = "towerbench.flow_run_id"
+ATTEMPT_TAG = "towerbench.attempt"
 PARENT_TAG = "mlflow.parentRunId"
 # MLflow 3 declares what an experiment is for with this tag (the training kind shows runs first).
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -238,6 +245,10 @@ def create_config_run(
     params["data_version"] = data_version
     log_params(client, run.info.run_id, params)
     return run.info.run_id
+
+
+def set_tags(tracking: TrackingConfig, run_id: str, tags: dict[str, str]) -> None:
+    client_for(tracking).log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
 
 
 def mark_failed(tracking: TrackingConfig, run_id: str, error: str, log: str = "") -> None:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -39,6 +40,14 @@ def _error_line(log_text: str, returncode: int) -> str:
     if returncode < 0:
         return f"training process killed by signal {-returncode} (out of memory?)"
     return lines[-1] if lines else f"training process exited with code {returncode}"
+
+
+CHECKPOINTS = "checkpoints"  # under the data dir, one folder per MLflow run
+
+
+def checkpoint_dir(data_dir: Path, run_id: str) -> Path:
+    """Where a configuration's run keeps the checkpoint it resumes from."""
+    return data_dir / CHECKPOINTS / run_id
 
 
 class TrainingFailed(Exception):

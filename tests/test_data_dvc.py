@@ -13,7 +13,8 @@ import yaml
 from model.config import FetchConfig, PreprocessConfig
 from model.errors import TowerbenchError
 from model.tfrecords import dataset_dir, load_manifest
-from tasks.dvc_stages import DataStages, _run_dvc, data_stages, update_dataset
+from tasks.data_check import ensure_data, manifest_digest
+from tasks.dvc_stages import DataStages, data_stages, run_dvc, update_dataset
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
@@ -27,8 +28,8 @@ def repo(tmp_path):
     for name in ("dvc.yaml", "params.yaml", "data/.gitignore"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         shutil.copy(PROJECT / name, tmp_path / name)
-    _run_dvc(tmp_path, "init", "-q")
-    _run_dvc(tmp_path, "remote", "add", "-d", "local", str(tmp_path / "remote"))
+    run_dvc(tmp_path, "init", "-q")
+    run_dvc(tmp_path, "remote", "add", "-d", "local", str(tmp_path / "remote"))
     return tmp_path
 
 
@@ -36,21 +37,34 @@ def test_repro_status_push_pull_and_content_hash(repo):
     version = update_dataset(DataStages(repo, repo))
     assert version.endswith(".dir")
     manifest = load_manifest(dataset_dir(repo / "data", "digits"))
-    assert "up to date" in _run_dvc(repo, "status").stdout
+    assert "up to date" in run_dvc(repo, "status").stdout
     # A second call rebuilds nothing and reports the same version.
     assert update_dataset(DataStages(repo, repo)) == version
 
-    _run_dvc(repo, "push")
+    # A pool worker without the data pulls it from the remote, and says so when it cannot.
+    run_dvc(repo, "push")
     shutil.rmtree(repo / "data" / "tfrecords")
     shutil.rmtree(repo / ".dvc" / "cache")
-    _run_dvc(repo, "pull")
+    run_dvc(repo, "remote", "modify", "local", "url", str(repo / "empty-remote"))
+    with pytest.raises(
+        TowerbenchError, match=r"ERROR: failed to pull data.*remote reachable.*dvc push"
+    ):
+        ensure_data(repo, repo / "data", "digits", version)
+    run_dvc(repo, "remote", "modify", "local", "url", str(repo / "remote"))
+    ensure_data(repo, repo / "data", "digits", version)
     assert load_manifest(dataset_dir(repo / "data", "digits")) == manifest
-    assert "up to date" in _run_dvc(repo, "status").stdout
+    assert "up to date" in run_dvc(repo, "status", "preprocess").stdout  # raw data not needed
+    with pytest.raises(TowerbenchError, match=rf"name data {version}, the sweep trains on 0+\.dir"):
+        ensure_data(repo, repo / "data", "digits", "0" * 32 + ".dir")
+    held = manifest_digest(repo / "data", "digits")
+    ensure_data(repo, repo / "data", "digits", held)
+    with pytest.raises(TowerbenchError, match=rf"this worker has data {held}, the sweep trains"):
+        ensure_data(repo, repo / "data", "digits", "manifest-md5:0")
 
     # A declared parameter makes the stage stale and changes the data version.
     params = repo / "params.yaml"
     params.write_text(params.read_text().replace("shards: 4", "shards: 2"))
-    assert "preprocess" in _run_dvc(repo, "status").stdout
+    assert "preprocess" in run_dvc(repo, "status").stdout
     own = update_dataset(DataStages(repo, repo))
     assert own != version
 
@@ -65,7 +79,7 @@ def test_repro_status_push_pull_and_content_hash(repo):
     assert other_version == lock["stages"]["preprocess"]["outs"][0]["md5"] != own
     assert len(load_manifest(dataset_dir(repo / "data", "digits-3")).splits["train"].files) == 3
     assert params.read_text() == text
-    assert "up to date" in _run_dvc(repo, "status").stdout
+    assert "up to date" in run_dvc(repo, "status").stdout
     # The same name with other settings would overwrite params.yaml's data: refused by field.
     with pytest.raises(TowerbenchError, match=r"preprocess.shards: 3 in the form, 2 in params"):
         data_stages(repo, FetchConfig(name="digits"), other, repo / "data")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from fixtures_servers import free_port, wait_until
 from mlflow.tracking import MlflowClient
 
 from flows.params import load
@@ -23,12 +23,6 @@ pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def write_project(folder: Path) -> dict:
@@ -54,20 +48,6 @@ def write_project(folder: Path) -> dict:
     (folder / "params.yaml").write_text(yaml.safe_dump(params))
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, check=True)
     return params
-
-
-def wait_until(condition, timeout: float, what: str, processes=()) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for process in processes:
-            assert process.poll() is None, f"{what}: a process exited ({process.returncode})"
-        try:
-            if condition():
-                return
-        except (httpx.HTTPError, Exception):  # noqa: BLE001 - the server is still starting
-            pass
-        time.sleep(1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 PIPELINE = "pipeline/towerbench-pipeline"
@@ -156,7 +136,7 @@ def test_the_run_form_asks_each_setting_once(served_project) -> None:
     names = [
         field for group in schema["definitions"].values() for field in group.get("properties", {})
     ] + list(schema["properties"])
-    assert len(names) == len(set(names)) == 15, names  # 3 dataset + 6 sweep + 6 fields
+    assert len(names) == len(set(names)) == 16, names  # 3 dataset + 7 sweep + 6 fields
     assert all("<" not in str(group) for group in schema["definitions"].values())
     assert deployment.parameters["params_file"] == str(project / "params.yaml")
     assert deployment.parameters["sweep"]["towers"] == [2]  # params.yaml's values

@@ -142,7 +142,10 @@ def test_sweep_records_parent_and_one_nested_run_per_configuration(finished_swee
         (2, 0, "failed"),
     ]
     for config in outcome["configs"]:
-        assert set(config) == {"run_id", "towers", "workers", "seed", "status", "test_accuracy"}
+        assert set(config) == {
+            *("run_id", "towers", "workers", "seed", "status", "test_accuracy", "worker")
+        }
+        assert config["worker"] is None  # trained here, not by a pool's worker
         assert (config["test_accuracy"] is None) == (config["status"] == "failed")
 
 

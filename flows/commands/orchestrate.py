@@ -99,7 +99,10 @@ def _result(outcome: dict[str, Any]) -> CommandResult:
     document = {
         "parent_run_id": outcome["parent_run_id"],
         "configs": [
-            {key: config.get(key) for key in ("run_id", "towers", "workers", "seed", "status")}
+            {
+                key: config.get(key)
+                for key in ("run_id", "towers", "workers", "seed", "status", "worker")
+            }
             | {"test_accuracy": config.get("test_accuracy")}
             for config in outcome["configs"]
         ],

@@ -1,0 +1,100 @@
+"""The flow a pool's worker runs for one configuration of `towerbench sweep --pool`.
+
+The sweep created the configuration's MLflow run; this flow checks that the worker holds the
+sweep's data (pulling it with DVC), records where it runs, and trains in a process of its own as a
+local sweep would (tasks/train.py), resuming from the run's checkpoint when its folder is shared.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from flows.pool_worker import DEVICES_ENV, PROJECT_ENV
+from model.params import TrackingConfig
+from tasks.data_check import ensure_data
+from tasks.tracking import (
+    ATTEMPT_TAG,
+    DEVICES_TAG,
+    DONE_STATUSES,
+    FLOW_RUN_TAG,
+    HOST_TAG,
+    STATUS_TAG,
+    WORKER_TAG,
+    client_for,
+    mark_failed,
+    reopen_run,
+    set_tags,
+)
+from tasks.train import checkpoint_dir, train_configuration
+from tasks.train_worker import WorkerRequest
+
+CONFIG_FLOW = "train-config"
+CONFIG_DEPLOYMENT = "towerbench-config"
+DEPLOYMENT_NAME = f"{CONFIG_FLOW}/{CONFIG_DEPLOYMENT}"
+WORKER_ENV = "PREFECT__WORKER_NAME"  # set by Prefect's worker
+
+
+def _end_with_the_worker() -> None:
+    """Exit when the worker that started this flow run is gone (its process runs in a session of
+    its own, so nothing else would stop it); the training process then marks its run KILLED and
+    keeps its checkpoint, and the sweep gives the configuration to another worker."""
+    worker = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == worker:
+            time.sleep(1.0)
+        os._exit(143)
+
+    threading.Thread(target=watch, daemon=True, name="watch-worker").start()
+
+
+def _earlier_outcome(tracking: TrackingConfig, run_id: str) -> dict[str, Any] | None:
+    run = client_for(tracking).get_run(run_id)
+    status = run.data.tags.get(STATUS_TAG)
+    if status not in DONE_STATUSES:
+        return None
+    return {"status": status, "test_accuracy": run.data.metrics.get("test_accuracy")}
+
+
+@flow(name=CONFIG_FLOW, flow_run_name="{name} #{attempt}")
+def train_config(request: WorkerRequest, name: str, attempt: int = 1) -> dict[str, Any]:
+    """Train one configuration of a sweep on this worker's devices; a relative `data_dir` is
+    taken in the worker's project folder."""
+    logger = get_run_logger()
+    _end_with_the_worker()
+    tracking = TrackingConfig(tracking_uri=request.tracking_uri)
+    earlier = _earlier_outcome(tracking, request.run_id)
+    if earlier is not None:  # an earlier attempt finished after all
+        logger.info("%s: already %s", name, earlier["status"])
+        return earlier
+    project = Path(os.environ.get(PROJECT_ENV, os.getcwd()))
+    data_dir = project / request.data_dir  # an absolute data_dir (a shared mount) stays as is
+    placement = {
+        HOST_TAG: socket.gethostname(),
+        WORKER_TAG: os.environ.get(WORKER_ENV, "unknown"),
+        DEVICES_TAG: os.environ.get(DEVICES_ENV, "all"),
+        FLOW_RUN_TAG: str(flow_run.get_id()),
+        ATTEMPT_TAG: str(attempt),
+    }
+    reopen_run(tracking, request.run_id, "running")
+    set_tags(tracking, request.run_id, placement)
+    logger.info("%s: attempt %d on %s", name, attempt, placement[WORKER_TAG])
+    try:
+        ensure_data(project, data_dir, request.config.dataset, request.data_version)
+    except Exception as error:
+        mark_failed(tracking, request.run_id, str(error))
+        raise
+    checkpoints = checkpoint_dir(data_dir, request.run_id)
+    local = request.model_copy(update={"data_dir": data_dir, "checkpoint_dir": checkpoints})
+    outcome = train_configuration(local, name, tracking)
+    shutil.rmtree(checkpoints, ignore_errors=True)  # the model is in MLflow
+    return outcome

@@ -1,0 +1,51 @@
+"""`towerbench tracking serve`: the team's MLflow server (`mlflow server`), with the settings a
+shared store needs and one-line errors for the ones it lacks."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from flows.deployments import server_environment, tool
+from model.errors import TowerbenchError
+
+# `mlflow server --app-name basic-auth` refuses to start without these (MLflow 3.17 has no
+# default admin password); they come from the environment, never from a file in the project.
+BASIC_AUTH_SETTINGS = ("MLFLOW_FLASK_SERVER_SECRET_KEY", "MLFLOW_AUTH_ADMIN_PASSWORD")
+
+
+def server_command(
+    backend_store_uri: str,
+    artifacts_destination: str,
+    host: str,
+    port: int,
+    workers: int,
+    allowed_hosts: str | None,
+    basic_auth: bool,
+) -> list[str]:
+    """The `mlflow server` command line; refuses a store it cannot open before starting it."""
+    if backend_store_uri.startswith("postgresql") and importlib.util.find_spec("psycopg") is None:
+        raise TowerbenchError(
+            f"--backend-store-uri {backend_store_uri.split('@')[-1]}: PostgreSQL needs the "
+            "psycopg driver: pip install 'towerbench[team]'"
+        )
+    command = [tool("mlflow"), "server", "--backend-store-uri", backend_store_uri]
+    command += ["--artifacts-destination", artifacts_destination, "--serve-artifacts"]
+    command += ["--host", host, "--port", str(port), "--workers", str(workers)]
+    if allowed_hosts:
+        command += ["--allowed-hosts", allowed_hosts]
+    if basic_auth:
+        missing = [name for name in BASIC_AUTH_SETTINGS if not os.environ.get(name)]
+        if missing:
+            raise TowerbenchError(f"--basic-auth: set {' and '.join(missing)} in the environment")
+        if importlib.util.find_spec("flask_wtf") is None:
+            raise TowerbenchError(
+                "--basic-auth needs MLflow's auth extra: pip install 'mlflow[auth]'"
+            )
+        command += ["--app-name", "basic-auth"]
+    return command
+
+
+def serve_tracking(command: list[str]) -> None:
+    """Become the MLflow server (exec): signals reach it directly, and it ends with this command."""
+    os.execve(command[0], command, server_environment())

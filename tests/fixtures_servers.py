@@ -1,0 +1,151 @@
+"""Real servers for the tests, each on a free 127.0.0.1 port and stopped with its process group:
+Prefect, PostgreSQL (Debian's package) and MLflow on it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+BIN = Path(sys.executable).parent
+POSTGRES_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_until(condition, timeout: float, what: str, processes=()) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for process in processes:
+            assert process.poll() is None, f"{what}: a process exited ({process.returncode})"
+        try:
+            if condition():
+                return
+        except (httpx.HTTPError, Exception):  # noqa: BLE001 - the server is still starting
+            pass
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def start(command: list[str], log: Path, **options) -> subprocess.Popen:
+    """A process in its own session (so `stop` ends it with everything it started)."""
+    return subprocess.Popen(
+        command,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        **options,
+    )
+
+
+def stop(processes: list[subprocess.Popen], grace_seconds: float = 30) -> None:
+    """SIGINT to each process group (newest first), SIGKILL to those still running."""
+    for process in reversed(processes):
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)
+    for process in processes:
+        try:
+            process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@contextmanager
+def prefect_server(folder: Path, environment: dict[str, str]) -> Iterator[str]:
+    """`prefect server start` with its home in `folder`; yields the API URL."""
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    environment.update(PREFECT_HOME=str(folder / "prefect-home"), PREFECT_API_URL=api)
+    command = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    server = start(command, folder / "prefect-server.log", env=environment)
+    try:
+        wait_until(
+            lambda: httpx.get(f"{api}/health", timeout=2).status_code == 200,
+            180,
+            "the Prefect server",
+            [server],
+        )
+        yield api
+    finally:
+        stop([server])
+
+
+def _run_as_postgres_user(command: list[str]) -> None:
+    """PostgreSQL refuses to run as root: as root, run it as `nobody`."""
+    if os.geteuid() == 0:
+        command = ["runuser", "-u", "nobody", "--", *command]
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert completed.returncode == 0, f"{command}: {completed.stdout}{completed.stderr}"
+
+
+@contextmanager
+def postgres(password: str) -> Iterator[str]:
+    """A private PostgreSQL cluster with a database `mlflow`; yields its URI. Its folder is
+    outside pytest's (which `nobody` cannot enter)."""
+    assert (POSTGRES_BIN / "initdb").exists(), "needs PostgreSQL 15: apt install postgresql-15"
+    folder = Path(tempfile.mkdtemp(prefix="towerbench-postgres-"))
+    data, password_file = folder / "data", folder / "password"
+    data.mkdir(mode=0o700)
+    password_file.write_text(password)
+    if os.geteuid() == 0:
+        for path in (folder, data, password_file):
+            shutil.chown(path, "nobody")
+    initdb = [
+        str(POSTGRES_BIN / "initdb"),
+        "-D",
+        str(data),
+        "-U",
+        "tb",
+        f"--pwfile={password_file}",
+    ]
+    _run_as_postgres_user([*initdb, "--auth-local=trust", "--auth-host=scram-sha-256"])
+    port = free_port()
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1"
+    pg_ctl = [str(POSTGRES_BIN / "pg_ctl"), "-D", str(data), "-o", options, "-w"]
+    _run_as_postgres_user([*pg_ctl, "-l", str(folder / "log"), "start"])
+    try:
+        uri = f"postgresql://tb:{password}@127.0.0.1:{port}"
+        import psycopg
+
+        with psycopg.connect(f"{uri}/postgres", autocommit=True) as connection:
+            connection.execute("create database mlflow")
+        yield f"{uri}/mlflow"
+    finally:
+        _run_as_postgres_user([*pg_ctl, "-m", "immediate", "stop"])
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def mlflow_server(folder: Path, backend_store_uri: str) -> Iterator[str]:
+    """`towerbench tracking serve` on `backend_store_uri`, artifacts in `folder`; yields its URL."""
+    port = free_port()
+    command = [str(BIN / "towerbench"), "tracking", "serve", "--port", str(port), "--workers", "1"]
+    command += ["--backend-store-uri", backend_store_uri]
+    command += ["--artifacts-destination", str(folder / "artifacts")]
+    server = start(command, folder / "mlflow-server.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200,
+            180,
+            "the MLflow server",
+            [server],
+        )
+        yield url
+    finally:
+        stop([server])
