@@ -1,8 +1,9 @@
 """The flow a pool's worker runs for one configuration of `towerbench sweep --pool`.
 
-The sweep created the configuration's MLflow run; this flow checks that the worker holds the
-sweep's data (pulling it with DVC), records where it runs, and trains in a process of its own as a
-local sweep would (tasks/train.py), resuming from the run's checkpoint when its folder is shared.
+The sweep created the configuration's MLflow run and wrote which attempt owns it; this flow
+checks that the worker holds the sweep's data (pulling it with DVC), records where it runs, and
+trains in a process of its own as a local sweep would (tasks/train.py), resuming from the run's
+checkpoint when the data folder is shared. An attempt the sweep has replaced stops.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flows.pool_worker import DEVICES_ENV, PROJECT_ENV
+from model.errors import TowerbenchError
 from model.params import TrackingConfig
 from tasks.data_check import ensure_data
 from tasks.tracking import (
@@ -27,20 +29,23 @@ from tasks.tracking import (
     DONE_STATUSES,
     FLOW_RUN_TAG,
     HOST_TAG,
-    STATUS_TAG,
     WORKER_TAG,
     client_for,
     mark_failed,
     reopen_run,
+    run_outcome,
     set_tags,
 )
 from tasks.train import checkpoint_dir, train_configuration
 from tasks.train_worker import WorkerRequest
 
 CONFIG_FLOW = "train-config"
-CONFIG_DEPLOYMENT = "towerbench-config"
-DEPLOYMENT_NAME = f"{CONFIG_FLOW}/{CONFIG_DEPLOYMENT}"
 WORKER_ENV = "PREFECT__WORKER_NAME"  # set by Prefect's worker
+
+
+def deployment_name(pool: str) -> str:
+    """The per-configuration deployment of `pool` (one per pool: a deployment has one pool)."""
+    return f"{CONFIG_FLOW}/towerbench-config-{pool}"
 
 
 def _end_with_the_worker() -> None:
@@ -57,44 +62,43 @@ def _end_with_the_worker() -> None:
     threading.Thread(target=watch, daemon=True, name="watch-worker").start()
 
 
-def _earlier_outcome(tracking: TrackingConfig, run_id: str) -> dict[str, Any] | None:
-    run = client_for(tracking).get_run(run_id)
-    status = run.data.tags.get(STATUS_TAG)
-    if status not in DONE_STATUSES:
-        return None
-    return {"status": status, "test_accuracy": run.data.metrics.get("test_accuracy")}
+def _owner(tracking: TrackingConfig, run_id: str) -> int:
+    """The attempt the sweep gave the run to last."""
+    return int(client_for(tracking).get_run(run_id).data.tags.get(ATTEMPT_TAG, "0"))
 
 
-@flow(name=CONFIG_FLOW, flow_run_name="{name} #{attempt}")
+@flow(name=CONFIG_FLOW)
 def train_config(request: WorkerRequest, name: str, attempt: int = 1) -> dict[str, Any]:
     """Train one configuration of a sweep on this worker's devices; a relative `data_dir` is
     taken in the worker's project folder."""
     logger = get_run_logger()
     _end_with_the_worker()
     tracking = TrackingConfig(tracking_uri=request.tracking_uri)
-    earlier = _earlier_outcome(tracking, request.run_id)
-    if earlier is not None:  # an earlier attempt finished after all
+    earlier = run_outcome(client_for(tracking).get_run(request.run_id))
+    if earlier["status"] in DONE_STATUSES:  # an earlier attempt finished after all
         logger.info("%s: already %s", name, earlier["status"])
         return earlier
+    if _owner(tracking, request.run_id) != attempt:
+        raise TowerbenchError(f"{name}: attempt {attempt} was replaced by a later one")
     project = Path(os.environ.get(PROJECT_ENV, os.getcwd()))
     data_dir = project / request.data_dir  # an absolute data_dir (a shared mount) stays as is
+    try:
+        ensure_data(project, data_dir, request.config.dataset, request.data_version)
+    except TowerbenchError as error:
+        mark_failed(tracking, request.run_id, str(error))
+        raise
     placement = {
         HOST_TAG: socket.gethostname(),
         WORKER_TAG: os.environ.get(WORKER_ENV, "unknown"),
         DEVICES_TAG: os.environ.get(DEVICES_ENV, "all"),
         FLOW_RUN_TAG: str(flow_run.get_id()),
-        ATTEMPT_TAG: str(attempt),
     }
     reopen_run(tracking, request.run_id, "running")
     set_tags(tracking, request.run_id, placement)
     logger.info("%s: attempt %d on %s", name, attempt, placement[WORKER_TAG])
-    try:
-        ensure_data(project, data_dir, request.config.dataset, request.data_version)
-    except Exception as error:
-        mark_failed(tracking, request.run_id, str(error))
-        raise
     checkpoints = checkpoint_dir(data_dir, request.run_id)
     local = request.model_copy(update={"data_dir": data_dir, "checkpoint_dir": checkpoints})
     outcome = train_configuration(local, name, tracking)
-    shutil.rmtree(checkpoints, ignore_errors=True)  # the model is in MLflow
+    if _owner(tracking, request.run_id) == attempt:  # a later attempt may resume from it
+        shutil.rmtree(checkpoints, ignore_errors=True)  # the model is in MLflow
     return outcome

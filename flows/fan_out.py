@@ -1,14 +1,15 @@
 """A sweep's configurations as flow runs of a Prefect work pool (`towerbench sweep --pool`).
 
-Each configuration becomes one run of the `train-config` deployment, taken by whichever
-`towerbench worker` polls first. MLflow, not the Prefect state, says how a configuration ended: a
-Completed flow run whose MLflow run did not finish counts as lost. A lost run (Crashed, or
-Running on a worker that went offline) is given to another worker, up to MAX_ATTEMPTS times,
-resuming from its checkpoint where the data folder is shared.
+Each configuration becomes one run of the pool's `train-config` deployment, taken by whichever
+`towerbench worker` polls first. MLflow, not the Prefect state, says how a configuration ended.
+A lost run (Crashed, Running on a worker that went offline, Pending on no worker for too long)
+is submitted again, up to MAX_ATTEMPTS times; the MLflow run records which attempt owns it, so
+an earlier attempt that still runs somewhere cannot write over it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,29 +18,31 @@ from uuid import UUID
 
 from prefect import get_run_logger
 from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import FlowRun, WorkerStatus
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelling, Crashed
 
-from flows.config_run import DEPLOYMENT_NAME
+from flows.config_run import deployment_name
 from model.errors import TowerbenchError
 from model.params import TrackingConfig
 from tasks.tracking import (
+    ATTEMPT_TAG,
     DONE_STATUSES,
-    ERROR_TAG,
-    STATUS_TAG,
-    UNSTABLE_TAG,
-    WORKER_TAG,
     client_for,
     mark_failed,
     mark_killed,
+    run_outcome,
+    set_tags,
 )
 from tasks.train_worker import WorkerRequest
 
 MAX_ATTEMPTS = 3
 POLL_SECONDS = 2.0
 IDLE_WARNING_SECONDS = 60  # say so when nothing serves the pool for this long
+# A worker that stops between claiming a run and labelling it leaves it Pending on nobody.
+UNCLAIMED_PENDING_SECONDS = 120
 STOPPED = "the sweep was stopped; run the same sweep again to resume"
 
 
@@ -52,28 +55,30 @@ class Job:
     name: str
     attempt: int = 0
     flow_run_id: UUID | None = None
+    pending_unclaimed_since: float | None = None
+
+
+def check_served(pool: str) -> None:
+    """Refuse a pool no worker has registered the deployment for, before any run is opened."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_deployment_by_name(deployment_name(pool))
+        except ObjectNotFound:
+            raise TowerbenchError(
+                f"--pool {pool}: no worker has served this pool yet; start one on each host that "
+                f"should train (`towerbench worker --pool {pool}`, PREFECT_API_URL set)"
+            ) from None
 
 
 def _outcome(tracking: TrackingConfig, run_id: str) -> dict[str, Any]:
-    """How the configuration's MLflow run ended (the source of truth)."""
-    run = client_for(tracking).get_run(run_id)
-    tags = run.data.tags
-    outcome = {
-        "status": tags.get(STATUS_TAG, "failed"),
-        "test_accuracy": run.data.metrics.get("test_accuracy"),
-        "worker": tags.get(WORKER_TAG),
-    }
-    if tags.get(UNSTABLE_TAG):
-        outcome["unstable"] = tags[UNSTABLE_TAG]
-    if outcome["status"] not in DONE_STATUSES:
-        outcome["error"] = tags.get(ERROR_TAG, "the flow run failed; see its log in Prefect")
-    return outcome
+    return run_outcome(client_for(tracking).get_run(run_id))
 
 
-def _submit(job: Job) -> None:
+def _submit(pool: str, job: Job, tracking: TrackingConfig) -> None:
     job.attempt += 1
+    set_tags(tracking, job.request.run_id, {ATTEMPT_TAG: str(job.attempt)})  # the run's owner
     flow_run = run_deployment(
-        DEPLOYMENT_NAME,
+        deployment_name(pool),
         parameters={
             "request": job.request.model_dump(mode="json"),
             "name": job.name,
@@ -83,6 +88,7 @@ def _submit(job: Job) -> None:
         timeout=0,
     )
     job.flow_run_id = flow_run.id
+    job.pending_unclaimed_since = None
 
 
 def _online_workers(client: SyncPrefectClient, pool: str) -> set[str]:
@@ -93,17 +99,91 @@ def _online_workers(client: SyncPrefectClient, pool: str) -> set[str]:
     }
 
 
-def _lost(flow_run: FlowRun, online: set[str]) -> str | None:
+def _lost(job: Job, flow_run: FlowRun, online: set[str]) -> str | None:
     """Why a flow run will not finish by itself, or None while it may."""
     state = flow_run.state
     if state is None:
         return None
-    if state.is_crashed() or state.is_cancelled():
-        return f"{state.name.lower()}: {state.message or 'no message'}"
+    if state.is_crashed():
+        return f"crashed: {state.message or 'no message'}"
     worker = flow_run.labels.get("prefect.worker.name")
     if (state.is_running() or state.is_pending()) and worker and worker not in online:
         return f"worker {worker} went offline"
+    if state.is_pending() and not worker:
+        job.pending_unclaimed_since = job.pending_unclaimed_since or time.monotonic()
+        if time.monotonic() - job.pending_unclaimed_since > UNCLAIMED_PENDING_SECONDS:
+            return f"pending on no worker for {UNCLAIMED_PENDING_SECONDS} s"
     return None
+
+
+def _ended(job: Job, flow_run: FlowRun, tracking: TrackingConfig) -> dict[str, Any] | None:
+    """The configuration's outcome once its flow run ended for good, else None."""
+    state = flow_run.state
+    if state is None or not (state.is_final() and not state.is_crashed()):
+        return None
+    outcome = _outcome(tracking, job.request.run_id)
+    if outcome["status"] in DONE_STATUSES or outcome["status"] == "failed":
+        return outcome
+    # It ended before the worker could record anything (an import error, MLflow refusing it).
+    if state.is_cancelled():
+        why = "was cancelled"
+    elif state.is_failed():
+        why = f"failed: {state.message or 'no message'}"
+    else:
+        why = "completed without recording a result"
+    error = f"flow run {flow_run.name} {why}"
+    if state.is_cancelled():
+        mark_killed(tracking, job.request.run_id, error)
+    else:
+        mark_failed(tracking, job.request.run_id, error)
+    return {"status": "failed", "error": error}
+
+
+def _follow(
+    pool: str,
+    client: SyncPrefectClient,
+    waiting: list[Job],
+    tracking: TrackingConfig,
+    on_done: Callable[[Job, dict[str, Any]], None],
+) -> None:
+    """Poll until every job ended, submitting lost ones again."""
+    logger = get_run_logger()
+    idle_since = time.monotonic()
+    while waiting:
+        time.sleep(POLL_SECONDS)
+        online = _online_workers(client, pool)
+        if online:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > IDLE_WARNING_SECONDS:
+            logger.warning("no worker serves pool %r: `towerbench worker --pool %s`", pool, pool)
+            idle_since = time.monotonic()
+        ids = [job.flow_run_id for job in waiting]
+        flow_runs = {
+            flow_run.id: flow_run
+            for flow_run in client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids))
+            )
+        }
+        for job in list(waiting):
+            flow_run = flow_runs[job.flow_run_id]
+            outcome = _ended(job, flow_run, tracking)
+            lost = None if outcome is not None else _lost(job, flow_run, online)
+            if lost is not None:
+                client.set_flow_run_state(job.flow_run_id, Crashed(message=lost), force=True)
+                outcome = _outcome(tracking, job.request.run_id)  # it may have just finished
+                if outcome["status"] not in DONE_STATUSES:
+                    if job.attempt < MAX_ATTEMPTS:
+                        logger.warning(
+                            "%s attempt %d %s: submitted again", job.name, job.attempt, lost
+                        )
+                        _submit(pool, job, tracking)
+                        continue
+                    error = f"lost {job.attempt} times on pool {pool!r}; the last: {lost}"
+                    mark_failed(tracking, job.request.run_id, error)
+                    outcome = {"status": "failed", "error": error}
+            if outcome is not None:
+                waiting.remove(job)
+                on_done(job, outcome)
 
 
 def run_on_pool(
@@ -113,57 +193,22 @@ def run_on_pool(
     on_done: Callable[[Job, dict[str, Any]], None],
 ) -> None:
     """Submit every job to `pool` and follow them to the end; `on_done(job, outcome)` as each
-    ends. Stopped (Ctrl-C, SIGTERM), it cancels the flow runs it leaves."""
-    logger = get_run_logger()
+    ends. Stopped (Ctrl-C, SIGTERM), it cancels the flow runs it leaves and marks their runs
+    KILLED."""
+    waiting = list(jobs)
     with get_client(sync_client=True) as client:
         try:
-            client.read_deployment_by_name(DEPLOYMENT_NAME)
-        except ObjectNotFound:
-            raise TowerbenchError(
-                f"no deployment {DEPLOYMENT_NAME} on this Prefect server: start a worker first "
-                f"(`towerbench worker --pool {pool}`) on each host that should train"
-            ) from None
-        for job in jobs:
-            _submit(job)
-        logger.info("%d configurations submitted to work pool %r", len(jobs), pool)
-        waiting = list(jobs)
-        idle_since = time.monotonic()
-        try:
-            while waiting:
-                time.sleep(POLL_SECONDS)
-                online = _online_workers(client, pool)
-                if online:
-                    idle_since = time.monotonic()
-                elif time.monotonic() - idle_since > IDLE_WARNING_SECONDS:
-                    logger.warning(
-                        "no worker serves pool %r: `towerbench worker --pool %s`", pool, pool
-                    )
-                    idle_since = time.monotonic()
-                for job in list(waiting):
-                    flow_run = client.read_flow_run(job.flow_run_id)
-                    state = flow_run.state
-                    lost = _lost(flow_run, online)
-                    if state is not None and (state.is_completed() or state.is_failed()):
-                        outcome = _outcome(tracking, job.request.run_id)
-                        if state.is_completed() and outcome["status"] not in DONE_STATUSES:
-                            lost = "completed in Prefect, not in MLflow"
-                        else:
-                            waiting.remove(job)
-                            on_done(job, outcome)
-                            continue
-                    if lost is None:
-                        continue
-                    client.set_flow_run_state(job.flow_run_id, Crashed(message=lost), force=True)
-                    if job.attempt >= MAX_ATTEMPTS:
-                        error = f"lost {job.attempt} times on pool {pool!r}; the last: {lost}"
-                        mark_failed(tracking, job.request.run_id, error)
-                        waiting.remove(job)
-                        on_done(job, {"status": "failed", "error": error})
-                        continue
-                    logger.warning("%s attempt %d %s: submitted again", job.name, job.attempt, lost)
-                    _submit(job)
+            for job in jobs:
+                _submit(pool, job, tracking)
+            get_run_logger().info("%d configurations submitted to work pool %r", len(jobs), pool)
+            _follow(pool, client, waiting, tracking, on_done)
         except BaseException:
             for job in waiting:  # the workers stop them; their runs keep their checkpoints
-                client.set_flow_run_state(job.flow_run_id, Cancelling(message=STOPPED), force=True)
-                mark_killed(tracking, job.request.run_id, STOPPED)
+                with contextlib.suppress(Exception):  # a server may be what went away
+                    if job.flow_run_id is not None:
+                        client.set_flow_run_state(
+                            job.flow_run_id, Cancelling(message=STOPPED), force=True
+                        )
+                with contextlib.suppress(Exception):
+                    mark_killed(tracking, job.request.run_id, STOPPED)
             raise

@@ -21,7 +21,7 @@ from model.errors import TowerbenchError
 # Set for the flow runs a worker starts (they inherit its environment); see flows/config_run.py.
 PROJECT_ENV = "TOWERBENCH_PROJECT"
 DEVICES_ENV = "TOWERBENCH_DEVICES"
-POLL_SECONDS = "2"  # Prefect's default, 10 s, makes every configuration wait that long
+WORKER_POLL_SECONDS = "2"  # Prefect's default, 10 s, makes every configuration wait that long
 
 
 def worker_name(devices: str | None) -> str:
@@ -59,11 +59,11 @@ def _register_deployment(pool: str) -> None:
     installed in every worker's environment, so nothing is pulled)."""
     from prefect.deployments.runner import EntrypointType
 
-    from flows.config_run import CONFIG_DEPLOYMENT, train_config
+    from flows.config_run import deployment_name, train_config
 
     with contextlib.redirect_stdout(io.StringIO()):  # Prefect's table of deployments
         train_config.deploy(
-            name=CONFIG_DEPLOYMENT,
+            name=deployment_name(pool).split("/", 1)[1],
             work_pool_name=pool,
             entrypoint_type=EntrypointType.MODULE_PATH,
             build=False,
@@ -118,6 +118,8 @@ async def _serve(pool: str, name: str, limit: int) -> None:
     except asyncio.CancelledError:
         pass
     finally:
+        for number in (signal.SIGTERM, signal.SIGINT):  # a second one must not cut this short
+            loop.add_signal_handler(number, lambda: None)
         crashed = await _crash_unfinished_runs(pool, name)
         if crashed:
             print(f"worker {name}: left {', '.join(crashed)} to the other workers", flush=True)
@@ -130,7 +132,7 @@ def run_worker(pool: str, devices: str | None, limit: int, project: Path) -> Non
     os.environ[DEVICES_ENV] = devices or "all"
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices
-    os.environ.setdefault("PREFECT_WORKER_QUERY_SECONDS", POLL_SECONDS)
+    os.environ.setdefault("PREFECT_WORKER_QUERY_SECONDS", WORKER_POLL_SECONDS)
     from flows.deployments import prefect_api_url
 
     if prefect_api_url() is None:

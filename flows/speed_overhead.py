@@ -1,10 +1,13 @@
 """Benchmark 6 of issue 5: what the Prefect flow + MLflow tracking add around one training run.
 
-Both sides train the same configuration on the same TFRecords, interleaved round by round:
-  direct  `model.training.train(...)` called in this process;
-  flow    the `sweep` flow with that single configuration, exactly as `towerbench sweep` runs it:
-          Prefect flow and task runs, MLflow parent and child runs, the training in its own
-          process (for isolation), live metrics, the evaluation artifacts and the report.
+Both sides train the same configurations (one per seed) on the same TFRecords, interleaved
+round by round:
+  direct  `model.training.train(...)` called in this process for each;
+  flow    the `sweep` flow of those configurations, exactly as `towerbench sweep` runs it:
+          Prefect flow and task runs, MLflow parent and child runs, each training in its own
+          process (for isolation; the next one started while the current one trains), live
+          metrics, the evaluation artifacts and the report.
+The overhead is per configuration: (flow - direct) / configurations.
 An empty flow first starts Prefect's temporary server; the timed rounds reuse it, as they would
 a running `prefect server`. Prefect and MLflow state go to a temporary folder. A third
 candidate starts a Python process importing what the training process imports: the part of the
@@ -61,7 +64,7 @@ def _start_training_process() -> None:
 
 
 def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> dict[str, Any]:
-    """Median seconds of the direct call and of the flow, and their difference."""
+    """Median seconds of the direct calls and of the flow, and the overhead per configuration."""
     from flows.sweep import sweep
     from model.training import train
 
@@ -72,9 +75,11 @@ def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> d
     config = TrainConfig(
         dataset=DATASET, towers=1, global_batch=128, epochs=settings.orchestration_epochs
     )
-    single = SweepGrid(
+    seeds = list(range(settings.orchestration_configurations))
+    configs = [config.model_copy(update={"seed": seed}) for seed in seeds]
+    grid = SweepGrid(
         towers=[1],
-        seeds=[config.seed],
+        seeds=seeds,
         aggregation=[config.aggregation],
         lr_scaling=[config.lr_scaling],
         warmup_epochs=[config.warmup_epochs],
@@ -83,18 +88,22 @@ def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> d
     report = ReportConfig(report_dir=work_dir / "reports")
 
     def flow_run() -> None:
-        outcome = sweep(train=config, sweep=single, tracking=tracking, report=report, data=data)
-        run = outcome["configs"][0]
-        if run["status"] != "completed":
-            raise TowerbenchError(
-                f"bench: the flow's training run {run['status']}: "
-                f"{run.get('error', 'no error message')}"
-            )
+        outcome = sweep(train=config, sweep=grid, tracking=tracking, report=report, data=data)
+        for run in outcome["configs"]:
+            if run["status"] != "completed":
+                raise TowerbenchError(
+                    f"bench: the flow's training run {run['status']}: "
+                    f"{run.get('error', 'no error message')}"
+                )
+
+    def direct_runs() -> None:
+        for each in configs:
+            train(each, data.data_dir)
 
     _start_prefect_server()
     timings = interleaved(
         {
-            "direct": lambda: time_once(lambda: train(config, data.data_dir)),
+            "direct": lambda: time_once(direct_runs),
             "flow": lambda: time_once(flow_run),
             "process_start": lambda: time_once(_start_training_process),
         },
@@ -106,9 +115,10 @@ def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> d
         "process_start_seconds": timings["process_start"].median,
         "train_examples": settings.orchestration_train_examples,
         "epochs": settings.orchestration_epochs,
+        "configurations": len(configs),
         "direct_seconds": direct,
         "flow_seconds": flow_seconds,
-        "overhead_seconds": flow_seconds - direct,
+        "overhead_seconds": (flow_seconds - direct) / len(configs),
         "direct_repeats": list(timings["direct"].seconds),
         "flow_repeats": list(timings["flow"].seconds),
     }

@@ -125,13 +125,15 @@ def _data_sections(results: dict[str, Any], summary: dict[str, Any]) -> list[str
         f"{preprocess['images']:,} images): {preprocess['seconds']:.2f} s, "
         f"{preprocess['images_per_sec']:.0f} images/s; 60,000 images: "
         f"{preprocess['seconds_for_60k']:.1f} s{extrapolated}.",
-        f"- Orchestration (tutorial, 1 tower, {orchestration['train_examples']:,} examples, "
-        f"{orchestration['epochs']:g} epoch(s)): train() called directly "
+        f"- Orchestration ({orchestration['configurations']} configurations: tutorial, 1 tower, "
+        f"seeds 0-{orchestration['configurations'] - 1}, {orchestration['train_examples']:,} "
+        f"examples, {orchestration['epochs']:g} epoch(s)): train() called directly for each "
         f"{orchestration['direct_seconds']:.1f} s, the `sweep` flow with MLflow tracking "
         f"{orchestration['flow_seconds']:.1f} s; overhead {orchestration['overhead_seconds']:.1f} s"
-        f" = {summary['orchestration_overhead']:.1%} of a {REFERENCE_RUN_SECONDS / 60:.0f}-minute "
-        "run. Of it, starting the per-configuration training process (Python + TensorFlow + "
-        f"MLflow imports) takes {orchestration['process_start_seconds']:.1f} s.",
+        f" per configuration = {summary['orchestration_overhead']:.1%} of a "
+        f"{REFERENCE_RUN_SECONDS / 60:.0f}-minute run. Starting a training process (Python + "
+        f"TensorFlow + MLflow imports) takes {orchestration['process_start_seconds']:.1f} s; the "
+        "sweep starts each next configuration's process while the current one trains.",
         "",
     ]
 

@@ -32,8 +32,8 @@ from tasks.data_check import manifest_digest
 from tasks.report import make_report
 from tasks.tracking import (
     DONE_STATUSES,
+    PROJECT_DIR,
     STATUS_TAG,
-    WORKER_TAG,
     config_key,
     create_config_run,
     ensure_experiment,
@@ -41,6 +41,7 @@ from tasks.tracking import (
     finish_sweep_run,
     reopen_run,
     resolve_tracking,
+    run_outcome,
     run_url,
     start_sweep_run,
     sweep_children,
@@ -82,9 +83,13 @@ def _train_here(
     tracking: TrackingConfig,
     progress: UUID,
     span: tuple[float, float],
+    start_next: bool,
 ) -> dict[str, Any]:
-    """One configuration in a process of this machine; its summary."""
-    state = train_configuration(request, name, tracking, progress, span, return_state=True)
+    """One configuration in a process of this machine; its summary. `start_next`: another
+    configuration follows (its process starts while this one trains)."""
+    state = train_configuration(
+        request, name, tracking, progress, span, start_next, return_state=True
+    )
     if state.is_failed():
         outcome = {"status": "failed", "error": str(state.result(raise_on_failure=False))}
     else:
@@ -93,10 +98,20 @@ def _train_here(
     return _summary(request.run_id, name, request.config, outcome)
 
 
+def _on_workers(data_dir: Path) -> Path:
+    """The data folder as workers find it: relative to the project (the folder the sweep runs
+    in, else towerbench's checkout) when it lies inside it, so each worker takes it in its own
+    `--project`; else as is (a shared mount)."""
+    for project in (Path.cwd(), PROJECT_DIR):
+        if data_dir.is_relative_to(project):
+            return data_dir.relative_to(project)
+    return data_dir
+
+
 def _train_on_pool(
     pool: str,
     jobs: list[tuple[int, str, WorkerRequest]],
-    data: DataConfig,
+    data_dir: Path,
     tracking: TrackingConfig,
     progress: UUID,
 ) -> dict[int, dict[str, Any]]:
@@ -108,14 +123,9 @@ def _train_on_pool(
             "tracking URI %s is not a server: only workers on this host can log to it",
             tracking.tracking_uri,
         )
-    # Workers take the data folder in their own project folder, unless it is absolute (shared).
+    update = {"data_dir": _on_workers(data_dir), "checkpoint_dir": None}
     on_workers = [
-        Job(
-            index,
-            request.model_copy(update={"data_dir": data.data_dir, "checkpoint_dir": None}),
-            name,
-        )
-        for index, name, request in jobs
+        Job(index, request.model_copy(update=update), name) for index, name, request in jobs
     ]
     summaries: dict[int, dict[str, Any]] = {}
 
@@ -191,12 +201,7 @@ def sweep(
             name = run_name(config, extra)
             earlier = previous.get(config_key(config))
             if earlier is not None and earlier.data.tags.get(STATUS_TAG) in DONE_STATUSES:
-                outcome = {
-                    "status": earlier.data.tags[STATUS_TAG],
-                    "test_accuracy": earlier.data.metrics.get("test_accuracy"),
-                    "worker": earlier.data.tags.get(WORKER_TAG),
-                }
-                by_index[index] = _summary(earlier.info.run_id, name, config, outcome)
+                by_index[index] = _summary(earlier.info.run_id, name, config, run_outcome(earlier))
                 logger.info("%s: done in an earlier attempt, reused", name)
             else:
                 pending.append((index, name, config, earlier))
@@ -228,13 +233,17 @@ def sweep(
             )
 
         if sweep.pool is None:
-            for index, name, config, earlier in pending:
+            for place, (index, name, config, earlier) in enumerate(pending, start=1):
                 span = (100 * index / len(configs), 100 * (index + 1) / len(configs))
                 request = open_run(name, config, earlier)
-                by_index[index] = _train_here(request, name, tracking, progress, span)
+                start_next = place < len(pending)
+                by_index[index] = _train_here(request, name, tracking, progress, span, start_next)
         else:
+            from flows.fan_out import check_served
+
+            check_served(sweep.pool)  # before any run is opened
             jobs = [(i, name, open_run(name, c, earlier)) for i, name, c, earlier in pending]
-            by_index.update(_train_on_pool(sweep.pool, jobs, data, tracking, progress))
+            by_index.update(_train_on_pool(sweep.pool, jobs, data_dir, tracking, progress))
         summaries = [by_index[index] for index in sorted(by_index)]
         if all(summary["status"] == "failed" for summary in summaries):
             raise TowerbenchError(

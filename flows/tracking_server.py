@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 from flows.deployments import server_environment, tool
 from model.errors import TowerbenchError
@@ -24,12 +25,17 @@ def server_command(
     basic_auth: bool,
 ) -> list[str]:
     """The `mlflow server` command line; refuses a store it cannot open before starting it."""
-    if backend_store_uri.startswith("postgresql") and importlib.util.find_spec("psycopg") is None:
+    # SQLAlchemy 2 reads a plain postgresql:// as psycopg 3 (the `team` extra).
+    psycopg3 = backend_store_uri.startswith(("postgresql://", "postgresql+psycopg://"))
+    if psycopg3 and importlib.util.find_spec("psycopg") is None:
         raise TowerbenchError(
             f"--backend-store-uri {backend_store_uri.split('@')[-1]}: PostgreSQL needs the "
             "psycopg driver: pip install 'towerbench[team]'"
         )
-    command = [tool("mlflow"), "server", "--backend-store-uri", backend_store_uri]
+    mlflow = tool("mlflow")
+    if not Path(mlflow).is_file():
+        raise TowerbenchError("no `mlflow` command in this environment or on PATH")
+    command = [mlflow, "server", "--backend-store-uri", backend_store_uri]
     command += ["--artifacts-destination", artifacts_destination, "--serve-artifacts"]
     command += ["--host", host, "--port", str(port), "--workers", str(workers)]
     if allowed_hosts:

@@ -30,7 +30,10 @@ class BenchSettings:
     preprocess_images_per_file: int = 10_000  # x 6 files: the official archive's 60,000
     orchestration_train_examples: int = 2_048
     orchestration_epochs: float = 2
-    orchestration_repeats: int = 5  # each repeat trains twice (directly and in the flow)
+    # A sweep of this many configurations (seeds) against as many direct train() calls: from the
+    # second one on, the flow starts each training process while the previous one trains.
+    orchestration_configurations: int = 3
+    orchestration_repeats: int = 5  # each repeat trains each configuration twice
     orchestration_warmup: int = 1  # rounds after Prefect's server is up, before timing
 
     @classmethod

@@ -205,7 +205,7 @@ def target_rows(summary: dict[str, Any], settings) -> list[TargetRow]:
     share = summary["orchestration_overhead"]
     rows.append(
         TargetRow(
-            "Prefect flow + MLflow overhead, share of a 2-minute run",
+            "Prefect flow + MLflow overhead per configuration, share of a 2-minute run",
             "≤ 5%",
             f"{share:.1%}",
             share <= 0.05,

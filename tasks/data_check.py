@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import tempfile
 from pathlib import Path
 
 from model.errors import TowerbenchError
@@ -26,7 +27,6 @@ from tasks.dvc_stages import (
 )
 
 MANIFEST_VERSION = "manifest-md5:"
-PULL_LOCK = ".dvc/tmp/towerbench-pull.lock"  # one `dvc pull` per checkout at a time
 
 
 def manifest_digest(data_dir: Path, dataset: str) -> str:
@@ -61,18 +61,27 @@ def _stages_of(project: Path, version: str) -> DataStages:
     )
 
 
-def _dvc_status(stages: DataStages) -> dict:
+def _changed_outputs(stages: DataStages) -> list:
+    """What `dvc status` finds changed in the stage's outputs (its inputs, the raw download, a
+    worker does not need)."""
     result = run_dvc(stages.project, "status", stages.target(PREPROCESS_STAGE), "--json")
-    return json.loads(result.stdout or "{}")
+    status = json.loads(result.stdout or "{}")
+    return [
+        change
+        for changes in status.values()
+        for change in changes
+        if isinstance(change, dict) and ("changed outs" in change or "changed checksum" in change)
+    ]
 
 
 def _pull(stages: DataStages) -> None:
-    """`dvc pull` the stage's outputs unless the workspace already matches dvc.lock."""
-    lock_path = stages.project / PULL_LOCK
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    """`dvc pull` the stage's outputs unless the workspace already matches dvc.lock (one pull
+    per checkout at a time: two concurrent ones can each report success too early)."""
+    key = hashlib.md5(str(stages.project).encode()).hexdigest()[:12]
+    lock_path = Path(tempfile.gettempdir()) / f"towerbench-dvc-pull-{key}.lock"
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _dvc_status(stages) == {}:
+        if not _changed_outputs(stages):
             return
         try:
             run_dvc(stages.project, "pull", "--force", stages.target(PREPROCESS_STAGE))
@@ -81,8 +90,8 @@ def _pull(stages: DataStages) -> None:
                 f"{error} (is the DVC remote reachable from this host, and was `dvc push` run "
                 "after the data was built?)"
             ) from None
-        left = _dvc_status(stages)
-        if left != {}:
+        left = _changed_outputs(stages)
+        if left:
             raise TowerbenchError(
                 f"{stages.folder / STAGES_FILE}: after `dvc pull` the data still differs from "
                 f"dvc.lock: {json.dumps(left)}"

@@ -247,6 +247,21 @@ def create_config_run(
     return run.info.run_id
 
 
+def run_outcome(run: Run) -> dict[str, Any]:
+    """How a configuration's run ended, as the sweep summarises it: status, test accuracy, the
+    pool worker that ran it, why it is unstable or failed."""
+    tags = run.data.tags
+    outcome = {
+        "status": tags.get(STATUS_TAG, "failed"),
+        "test_accuracy": run.data.metrics.get("test_accuracy"),
+        "worker": tags.get(WORKER_TAG),
+    }
+    for key, tag in (("unstable", UNSTABLE_TAG), ("error", ERROR_TAG)):
+        if tags.get(tag):
+            outcome[key] = tags[tag]
+    return outcome
+
+
 def set_tags(tracking: TrackingConfig, run_id: str, tags: dict[str, str]) -> None:
     client_for(tracking).log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
 

@@ -13,8 +13,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from model.errors import TowerbenchError
 from model.params import TrackingConfig
 from model.tfrecords import dataset_dir, load_manifest
 from tasks.local_cluster import run_local_cluster
+from tasks.process_ahead import WORKER_COMMAND, start_ahead, take_process
 from tasks.tracking import mark_failed, mark_killed
 from tasks.train_worker import EVENT_PREFIX, WorkerRequest
 
@@ -76,11 +75,13 @@ class _Events:
     def __init__(self, on_event: Callable[[dict[str, Any]], None]):
         self.on_event = on_event
         self.result: dict[str, Any] | None = None
+        self.training = False  # a progress or epoch event came: the imports are done
 
     def __call__(self, line: str) -> None:
         if not line.startswith(EVENT_PREFIX):
             return
         event = json.loads(line.removeprefix(EVENT_PREFIX))
+        self.training = True
         if event["event"] == "result":
             self.result = {key: value for key, value in event.items() if key != "event"}
         else:
@@ -88,9 +89,12 @@ class _Events:
 
 
 def run_training_process(
-    request: WorkerRequest, on_event: Callable[[dict[str, Any]], None]
+    request: WorkerRequest,
+    on_event: Callable[[dict[str, Any]], None],
+    start_next: bool = False,
 ) -> dict[str, Any]:
     """Run the worker to completion; returns its result, or a `failed` summary with the error.
+    `start_next`: once it trains, start the next configuration's process (tasks/process_ahead.py).
 
     The worker runs in its own session, so a terminal's Ctrl-C reaches only this process, which
     then stops the worker itself; a worker whose parent disappears stops on its own.
@@ -98,11 +102,10 @@ def run_training_process(
     environment = dict(os.environ, MLFLOW_TRACKING_URI=request.tracking_uri)
     environment.pop("MLFLOW_RUN_ID", None)  # would override the run id we pass
     environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    command = [sys.executable, "-m", "tasks.train_worker"]
     events = _Events(on_event)
     if request.config.workers > 1:
         outcome = run_local_cluster(
-            command,
+            WORKER_COMMAND,
             request.config.workers,
             events,
             request.model_dump_json(),
@@ -113,22 +116,17 @@ def run_training_process(
             return events.result
         log_text = "\n".join(outcome.stderr)
         return {"status": "failed", "error": "; ".join(outcome.failures()), "log": log_text}
-    with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=environment,
-            start_new_session=True,
-        )
-        assert process.stdin is not None and process.stdout is not None
+    training = take_process(environment)
+    process = training.popen
+    assert process.stdin is not None and process.stdout is not None
+    with training.log as log:
         try:
             process.stdin.write(request.model_dump_json())
             process.stdin.close()
             for line in process.stdout:
                 events(line)
+                if start_next and events.training:
+                    start_ahead(environment)  # imports while this one trains
             returncode = process.wait()
         except BaseException:  # Ctrl-C, SIGTERM, a crash of ours: the worker ends with us
             _stop(process)
@@ -148,9 +146,11 @@ def train_configuration(
     tracking: TrackingConfig,
     progress_artifact: UUID | None = None,
     progress_span: tuple[float, float] = (0.0, 100.0),
+    start_next: bool = False,
 ) -> dict[str, Any]:
     """One configuration; a failed run is recorded in MLflow and raised as `TrainingFailed`, so
-    its task shows Failed (the sweep goes on with the next configuration)."""
+    its task shows Failed (the sweep goes on with the next configuration). `start_next`: another
+    configuration follows, so its process is started while this one trains."""
     logger = get_run_logger()
     start, end = progress_span
     epochs = request.config.epochs
@@ -176,7 +176,7 @@ def train_configuration(
         mark_failed(tracking, request.run_id, str(error), "")
         raise TrainingFailed(f"{name}: {error}") from None
     try:
-        outcome = run_training_process(request, on_event)
+        outcome = run_training_process(request, on_event, start_next)
     except BaseException:  # Ctrl-C, SIGTERM: the process is stopped; never leave its run RUNNING
         with contextlib.suppress(Exception):
             mark_killed(tracking, request.run_id, "stopped; run the same sweep again to resume")

@@ -33,7 +33,9 @@ from tasks.preflight import bound_mlflow_http
 
 EVENT_PREFIX = "@@towerbench "
 PROGRESS_INTERVAL_SECONDS = 1.0
-SYSTEM_METRICS_SECONDS = 5  # CPU/memory sampling period (MLflow's default, 10 s, misses short runs)
+# CPU/memory sampling period (MLflow's default, 10 s, misses short runs); MLflow's own variable
+# sets another.
+SYSTEM_METRICS_SECONDS = float(os.environ.get("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", 5))
 
 
 class WorkerRequest(BaseModel):
@@ -49,13 +51,22 @@ class WorkerRequest(BaseModel):
     checkpoint_dir: Path | None = None
 
 
+# Set once the request is known: stops this run when the process that reads our events is gone.
+_sweep_gone: Callable[[], None] | None = None
+
+
 def emit(event: str, values: dict[str, Any]) -> None:
     """One line for the parent process (finite floats only: JSON has no NaN)."""
     clean = {
         key: (value if not isinstance(value, float) or math.isfinite(value) else None)
         for key, value in values.items()
     }
-    print(EVENT_PREFIX + json.dumps({"event": event, **clean}), flush=True)
+    try:
+        print(EVENT_PREFIX + json.dumps({"event": event, **clean}), flush=True)
+    except BrokenPipeError:  # the sweep died before our watch noticed
+        if _sweep_gone is not None:
+            _sweep_gone()
+        raise
 
 
 def epoch_step(epoch: float) -> int:
@@ -131,10 +142,16 @@ def _end_with_the_sweep(request: WorkerRequest) -> None:
         finally:
             os._exit(143)
 
+    def sweep_gone() -> None:
+        stop("the sweep process ended; run the same sweep again to resume from the checkpoint")
+
     def watch() -> None:
         while os.getppid() == sweep_process:
             time.sleep(1.0)
-        stop("the sweep process ended; run the same sweep again to resume from the checkpoint")
+        sweep_gone()
+
+    global _sweep_gone
+    _sweep_gone = sweep_gone
 
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop("stopped; run the same sweep again to resume"))
@@ -158,8 +175,21 @@ def _exit_status(work: Callable[[], object]) -> int:
     return 0
 
 
+def _import_training() -> None:
+    """What training needs, loaded before the request arrives: a process started ahead of its
+    configuration (tasks/process_ahead.py) is ready the moment it gets one."""
+    import mlflow  # noqa: F401
+
+    import model.training  # noqa: F401 - TensorFlow
+    import tasks.evaluate  # noqa: F401
+
+
 def main() -> int:
-    request = WorkerRequest.model_validate_json(sys.stdin.read())
+    _import_training()
+    text = sys.stdin.read()
+    if not text:  # started ahead, then not needed: the sweep ended
+        return 0
+    request = WorkerRequest.model_validate_json(text)
     if not cluster.Cluster.from_environment().is_chief:
         # The other workers train in step with the chief, which logs and saves.
         from model.training import train

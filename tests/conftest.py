@@ -20,6 +20,8 @@ os.environ.update(
         "DVC_NO_ANALYTICS": "1",
         "MLFLOW_TRACKING_URI": f"sqlite:///{_SANDBOX / 'mlflow.db'}",
         "TF_CPP_MIN_LOG_LEVEL": "2",
+        # The tests' training runs last seconds: sample CPU and memory often enough to see them.
+        "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1",
     }
 )
 (_SANDBOX / "prefect").mkdir()  # Prefect's temporary server cannot create its home itself

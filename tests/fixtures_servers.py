@@ -95,8 +95,8 @@ def _run_as_postgres_user(command: list[str]) -> None:
 
 @contextmanager
 def postgres(password: str) -> Iterator[str]:
-    """A private PostgreSQL cluster with a database `mlflow`; yields its URI. Its folder is
-    outside pytest's (which `nobody` cannot enter)."""
+    """A private PostgreSQL cluster with a database `mlflow`; yields its URI (without the
+    password). Its folder is outside pytest's (which `nobody` cannot enter)."""
     assert (POSTGRES_BIN / "initdb").exists(), "needs PostgreSQL 15: apt install postgresql-15"
     folder = Path(tempfile.mkdtemp(prefix="towerbench-postgres-"))
     data, password_file = folder / "data", folder / "password"
@@ -119,10 +119,10 @@ def postgres(password: str) -> Iterator[str]:
     pg_ctl = [str(POSTGRES_BIN / "pg_ctl"), "-D", str(data), "-o", options, "-w"]
     _run_as_postgres_user([*pg_ctl, "-l", str(folder / "log"), "start"])
     try:
-        uri = f"postgresql://tb:{password}@127.0.0.1:{port}"
+        uri = f"postgresql://tb@127.0.0.1:{port}"
         import psycopg
 
-        with psycopg.connect(f"{uri}/postgres", autocommit=True) as connection:
+        with psycopg.connect(f"{uri}/postgres", password=password, autocommit=True) as connection:
             connection.execute("create database mlflow")
         yield f"{uri}/mlflow"
     finally:
@@ -131,13 +131,14 @@ def postgres(password: str) -> Iterator[str]:
 
 
 @contextmanager
-def mlflow_server(folder: Path, backend_store_uri: str) -> Iterator[str]:
-    """`towerbench tracking serve` on `backend_store_uri`, artifacts in `folder`; yields its URL."""
+def mlflow_server(folder: Path, backend_store_uri: str, password: str) -> Iterator[str]:
+    """`towerbench tracking serve` on `backend_store_uri` (the database password in PGPASSWORD,
+    as the README says), artifacts in `folder`; yields its URL."""
     port = free_port()
     command = [str(BIN / "towerbench"), "tracking", "serve", "--port", str(port), "--workers", "1"]
     command += ["--backend-store-uri", backend_store_uri]
     command += ["--artifacts-destination", str(folder / "artifacts")]
-    server = start(command, folder / "mlflow-server.log")
+    server = start(command, folder / "mlflow-server.log", env=dict(os.environ, PGPASSWORD=password))
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(

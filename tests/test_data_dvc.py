@@ -41,10 +41,11 @@ def test_repro_status_push_pull_and_content_hash(repo):
     # A second call rebuilds nothing and reports the same version.
     assert update_dataset(DataStages(repo, repo)) == version
 
-    # A pool worker without the data pulls it from the remote, and says so when it cannot.
+    # A pool worker without the data (a fresh checkout: no raw download either) pulls the
+    # TFRecords from the remote, and says so when it cannot.
     run_dvc(repo, "push")
-    shutil.rmtree(repo / "data" / "tfrecords")
-    shutil.rmtree(repo / ".dvc" / "cache")
+    for folder in ("data/tfrecords", "data/raw", ".dvc/cache"):
+        shutil.rmtree(repo / folder)
     run_dvc(repo, "remote", "modify", "local", "url", str(repo / "empty-remote"))
     with pytest.raises(
         TowerbenchError, match=r"ERROR: failed to pull data.*remote reachable.*dvc push"
@@ -53,7 +54,7 @@ def test_repro_status_push_pull_and_content_hash(repo):
     run_dvc(repo, "remote", "modify", "local", "url", str(repo / "remote"))
     ensure_data(repo, repo / "data", "digits", version)
     assert load_manifest(dataset_dir(repo / "data", "digits")) == manifest
-    assert "up to date" in run_dvc(repo, "status", "preprocess").stdout  # raw data not needed
+    assert not (repo / "data" / "raw").exists()  # what the worker does not need stays out
     with pytest.raises(TowerbenchError, match=rf"name data {version}, the sweep trains on 0+\.dir"):
         ensure_data(repo, repo / "data", "digits", "0" * 32 + ".dir")
     held = manifest_digest(repo / "data", "digits")

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
 POOL = "gpus"
 DEVICES = ("0,1", "2,3")
+PASSWORD = "test-password"
 
 
 def _config_runs(client: MlflowClient) -> list[Run]:
@@ -46,13 +47,15 @@ def _busy_worker_that_finished_one(client: MlflowClient) -> str | None:
 
 
 def test_a_sweep_fans_out_over_two_workers_and_survives_losing_one(tmp_path: Path) -> None:
-    project = tmp_path / "project"
-    write_digits(project / "data", train=300, test=100)
+    """The sweep and the workers run from two checkouts with the same data, as on two hosts."""
+    sweep_host, project = tmp_path / "sweep-host", tmp_path / "worker-host"
+    for checkout in (sweep_host, project):
+        write_digits(checkout / "data", train=300, test=100)
     environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
     environment.pop("MLFLOW_TRACKING_URI")
     with (
-        postgres("test-password") as database,
-        mlflow_server(tmp_path, database) as tracking_uri,
+        postgres(PASSWORD) as database,
+        mlflow_server(tmp_path, database, PASSWORD) as tracking_uri,
         prefect_server(tmp_path, environment),
     ):
         workers = {
@@ -74,7 +77,7 @@ def test_a_sweep_fans_out_over_two_workers_and_survives_losing_one(tmp_path: Pat
                 (tmp_path / "sweep.err").open("w") as err,
             ):
                 sweep = subprocess.Popen(
-                    command, stdout=out, stderr=err, env=environment, cwd=project
+                    command, stdout=out, stderr=err, env=environment, cwd=sweep_host
                 )
                 client = MlflowClient(tracking_uri)
                 stopped: list[str] = []
@@ -108,6 +111,9 @@ def test_a_sweep_fans_out_over_two_workers_and_survives_losing_one(tmp_path: Pat
     assert {run.info.status for run in children} == {"FINISHED"}
     assert {run.data.tags[DEVICES_TAG] for run in children} == set(DEVICES)
     assert {run.data.tags[HOST_TAG] for run in children} == {socket.gethostname()}
+    # Each worker trained on its own checkout's data folder.
+    sources = {json.loads(run.inputs.dataset_inputs[0].dataset.source)["uri"] for run in children}
+    assert sources == {str(project.resolve() / "data" / "tfrecords" / "digits")}, sources
     # The stopped worker's run was finished by the other one, on a second attempt.
     handed_over = [run for run in children if run.data.tags[ATTEMPT_TAG] == "2"]
     assert len(handed_over) == 1 and handed_over[0].data.tags[WORKER_TAG] != stopped[0]
