@@ -75,13 +75,11 @@ class _Events:
     def __init__(self, on_event: Callable[[dict[str, Any]], None]):
         self.on_event = on_event
         self.result: dict[str, Any] | None = None
-        self.training = False  # a progress or epoch event came: the imports are done
 
     def __call__(self, line: str) -> None:
         if not line.startswith(EVENT_PREFIX):
             return
         event = json.loads(line.removeprefix(EVENT_PREFIX))
-        self.training = True
         if event["event"] == "result":
             self.result = {key: value for key, value in event.items() if key != "event"}
         else:
@@ -94,7 +92,7 @@ def run_training_process(
     start_next: bool = False,
 ) -> dict[str, Any]:
     """Run the worker to completion; returns its result, or a `failed` summary with the error.
-    `start_next`: once it trains, start the next configuration's process (tasks/process_ahead.py).
+    `start_next`: start the next configuration's process now (tasks/process_ahead.py).
 
     The worker runs in its own session, so a terminal's Ctrl-C reaches only this process, which
     then stops the worker itself; a worker whose parent disappears stops on its own.
@@ -117,6 +115,8 @@ def run_training_process(
         log_text = "\n".join(outcome.stderr)
         return {"status": "failed", "error": "; ".join(outcome.failures()), "log": log_text}
     training = take_process(environment)
+    if start_next:  # Python imports are single-threaded: both import at once on 2 cores
+        start_ahead(environment)
     process = training.popen
     assert process.stdin is not None and process.stdout is not None
     with training.log as log:
@@ -125,8 +125,6 @@ def run_training_process(
             process.stdin.close()
             for line in process.stdout:
                 events(line)
-                if start_next and events.training:
-                    start_ahead(environment)  # imports while this one trains
             returncode = process.wait()
         except BaseException:  # Ctrl-C, SIGTERM, a crash of ours: the worker ends with us
             _stop(process)
