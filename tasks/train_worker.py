@@ -9,6 +9,7 @@ back on stdout with `EVENT_PREFIX` lines; everything else it prints is only log.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -128,10 +129,10 @@ def run(request: WorkerRequest) -> dict[str, Any]:
     }
 
 
-def _end_with_the_sweep(request: WorkerRequest) -> None:
-    """Stop when told to (SIGTERM, SIGINT) or when the sweep that started us is gone: mark the
-    run KILLED with the reason and exit at once. The last epoch's checkpoint stays for resume."""
-    sweep_process = os.getppid()
+def _end_with_the_sweep(request: WorkerRequest, sweep_process: int) -> None:
+    """Stop when told to (SIGTERM, SIGINT) or when the sweep that started us (`sweep_process`,
+    noted at start: it may be gone by now) is gone: mark the run KILLED with the reason and exit
+    at once. The last epoch's checkpoint stays for resume."""
 
     def stop(reason: str) -> None:
         from tasks.tracking import mark_killed
@@ -175,17 +176,28 @@ def _exit_status(work: Callable[[], object]) -> int:
     return 0
 
 
-def _import_training() -> None:
-    """What training needs, loaded before the request arrives: a process started ahead of its
-    configuration (tasks/process_ahead.py) is ready the moment it gets one."""
-    import mlflow  # noqa: F401
+def _prepare_training() -> None:
+    """Before the request arrives, load what training needs and open the tracking store: a
+    process started ahead of its configuration (tasks/process_ahead.py) is ready the moment it
+    gets one."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
 
     import model.training  # noqa: F401 - TensorFlow
     import tasks.evaluate  # noqa: F401
 
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    logs = cluster.Cluster.from_environment().is_chief  # the other workers of a cluster do not
+    if logs and uri and not uri.startswith(("http://", "https://")):
+        # A database store's first call opens it and checks its schema (about 0.5 s); if that
+        # fails, the run's own first call reports it.
+        with contextlib.suppress(MlflowException):
+            mlflow.MlflowClient(uri).search_experiments(max_results=1)
+
 
 def main() -> int:
-    _import_training()
+    sweep_process = os.getppid()
+    _prepare_training()
     text = sys.stdin.read()
     if not text:  # started ahead, then not needed: the sweep ended
         return 0
@@ -195,7 +207,7 @@ def main() -> int:
         from model.training import train
 
         return _exit_status(lambda: train(request.config, request.data_dir))
-    _end_with_the_sweep(request)
+    _end_with_the_sweep(request, sweep_process)
     bound_mlflow_http()  # also when started by a served deployment, not the CLI
     import mlflow
 

@@ -24,7 +24,7 @@ CONFIGURATIONS = 2  # 2 towers x seeds 0, 1
 def _sweep_command(root: Path) -> list[str]:
     training = [
         f"--{key.replace('_', '-')}={'none' if value is None else value}"
-        for key, value in {**TINY_TRAINING, "epochs": 10}.items()
+        for key, value in {**TINY_TRAINING, "epochs": 30}.items()
     ]
     return [
         sys.executable,
@@ -72,11 +72,16 @@ def _start_and_stop_during(root: Path, configuration: int, stop) -> tuple[list, 
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
         runs = _children(client) if (root / "mlflow.db").exists() else []
-        if len(runs) >= configuration and _training(process):
+        # Its run open, its process started, an epoch logged (in this attempt or an earlier one).
+        if (
+            len(runs) >= configuration
+            and runs[configuration - 1].info.status == "RUNNING"
+            and "cross_entropy" in runs[configuration - 1].data.metrics
+            and _training(process)
+        ):
             break
         time.sleep(0.5)
     assert process.poll() is None, process.stderr.read()
-    time.sleep(1)  # inside the configuration's training (its process was started ahead)
     finished = [run.info.run_id for run in _children(client)[: configuration - 1]]
     descendants = psutil.Process(process.pid).children(recursive=True)
     assert len(descendants) >= 2  # the temporary Prefect server and a training process
