@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ CONFIGURATIONS = 2  # 2 towers x seeds 0, 1
 def _sweep_command(root: Path) -> list[str]:
     training = [
         f"--{key.replace('_', '-')}={'none' if value is None else value}"
-        for key, value in {**TINY_TRAINING, "epochs": 30}.items()
+        for key, value in {**TINY_TRAINING, "epochs": 10}.items()
     ]
     return [
         sys.executable,
@@ -54,34 +55,28 @@ def _children(client: MlflowClient) -> list:
     )
 
 
-def _training(process: subprocess.Popen) -> bool:
-    """Whether the sweep has a configuration's training process running."""
-    return any(
-        "tasks.train_worker" in " ".join(child.cmdline())
-        for child in psutil.Process(process.pid).children(recursive=True)
-    )
-
-
 def _start_and_stop_during(root: Path, configuration: int, stop) -> tuple[list, int | None]:
-    """Start the sweep, stop it with `stop(process)` once configuration number
-    `configuration` is training; returns the earlier finished run ids and the exit status."""
+    """Start the sweep, stop it with `stop(process)` once configuration number `configuration`
+    (seed configuration - 1) has logged an epoch; returns the earlier finished run ids and the
+    exit status. Its stderr is read as it comes (a full pipe would stall the sweep)."""
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     process = subprocess.Popen(
         _sweep_command(root), cwd=ROOT, start_new_session=True, stderr=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
-        runs = _children(client) if (root / "mlflow.db").exists() else []
-        # Its run open, its process started, an epoch logged (in this attempt or an earlier one).
-        if (
-            len(runs) >= configuration
-            and runs[configuration - 1].info.status == "RUNNING"
-            and "cross_entropy" in runs[configuration - 1].data.metrics
-            and _training(process)
-        ):
-            break
-        time.sleep(0.5)
-    assert process.poll() is None, process.stderr.read()
+    lines: list[str] = []
+    training = threading.Event()
+
+    def read_stderr() -> None:
+        for line in process.stderr:
+            lines.append(line)
+            if f"seed={configuration - 1} epoch" in line:
+                training.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    while not training.wait(0.2):
+        assert process.poll() is None, "".join(lines)[-3000:]
+    assert process.poll() is None, "".join(lines)[-3000:]
     finished = [run.info.run_id for run in _children(client)[: configuration - 1]]
     descendants = psutil.Process(process.pid).children(recursive=True)
     assert len(descendants) >= 2  # the temporary Prefect server and a training process
@@ -94,8 +89,8 @@ def _start_and_stop_during(root: Path, configuration: int, stop) -> tuple[list, 
     elapsed = time.monotonic() - stopped_at
     _, alive = psutil.wait_procs(descendants, timeout=15)
     assert not alive, f"still running after the sweep ended: {[p.cmdline() for p in alive]}"
-    stderr = process.stderr.read()
-    return finished, (status, elapsed, stderr)
+    reader.join(timeout=10)
+    return finished, (status, elapsed, "".join(lines))
 
 
 def _resume_and_check(root: Path, finished: list[str]) -> None:
