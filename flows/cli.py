@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what `--workers N` starts N times
     signal.signal(signal.SIGTERM, _interrupt)  # a clean stop, as for Ctrl-C
+    # Ctrl-C too, even when whatever started us left SIGINT ignored or blocked.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     status = _run_reporting_errors(args)
     cluster.leave(status)  # a worker of a cluster exits here, once the others are done
     return status
