@@ -58,9 +58,8 @@ def _children(client: MlflowClient) -> list:
 
 def _start_and_stop_during(root: Path, configuration: int, stop) -> tuple[list, int | None]:
     """Start the sweep, stop it with `stop(process)` once configuration number `configuration`
-    (seed configuration - 1) has logged its last epoch, while it logs its evaluation; returns the
-    earlier finished run ids and the exit status. Its stderr is read as it comes (a full pipe
-    would stall the sweep)."""
+    (seed configuration - 1) has logged an epoch; returns the earlier finished run ids and the
+    exit status. Its stderr is read as it comes (a full pipe would stall the sweep)."""
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     process = subprocess.Popen(
         _sweep_command(root), cwd=ROOT, start_new_session=True, stderr=subprocess.PIPE, text=True
@@ -71,7 +70,7 @@ def _start_and_stop_during(root: Path, configuration: int, stop) -> tuple[list, 
     def read_stderr() -> None:
         for line in process.stderr:
             lines.append(line)
-            if f"seed={configuration - 1} epoch {EPOCHS}:" in line:
+            if f"seed={configuration - 1} epoch " in line:
                 training.set()
 
     reader = threading.Thread(target=read_stderr, daemon=True)
