@@ -16,9 +16,11 @@ overhead that process isolation costs.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,29 @@ def _start_training_process() -> None:
     )
 
 
+def flow_breakdown(tracking: TrackingConfig, flow: dict[str, Any]) -> dict[str, float]:
+    """Where a flow's seconds went, from its MLflow runs' start and end times: before the first
+    configuration's run starts (flow and parent run set-up, the first process's imports), inside
+    the configurations' runs (training, live logging, evaluation artifacts), between them (a run
+    ends, the next is opened) and after the last (report, parent run closed)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking.tracking_uri)
+    parent = client.get_run(flow["parent"])
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{flow['parent']}'",
+        order_by=["attributes.start_time ASC"],
+    )
+    spans = [(run.info.start_time / 1e3, run.info.end_time / 1e3) for run in children]
+    return {
+        "before_first_run": spans[0][0] - flow["started"],
+        "in_runs": sum(end - start for start, end in spans),
+        "between_runs": sum(later[0] - earlier[1] for earlier, later in itertools.pairwise(spans)),
+        "after_last_run": flow["ended"] - spans[-1][1],
+    }
+
+
 def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> dict[str, Any]:
     """Median seconds of the direct calls and of the flow, and the overhead per configuration."""
     from flows.sweep import sweep
@@ -87,8 +112,12 @@ def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> d
     tracking = TrackingConfig(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
     report = ReportConfig(report_dir=work_dir / "reports")
 
+    last_flow: dict[str, Any] = {}
+
     def flow_run() -> None:
+        started = time.time()
         outcome = sweep(train=config, sweep=grid, tracking=tracking, report=report, data=data)
+        last_flow.update(started=started, ended=time.time(), parent=outcome["parent_run_id"])
         for run in outcome["configs"]:
             if run["status"] != "completed":
                 raise TowerbenchError(
@@ -112,6 +141,7 @@ def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> d
     )
     direct, flow_seconds = timings["direct"].median, timings["flow"].median
     return {
+        "breakdown": flow_breakdown(tracking, last_flow),
         "process_start_seconds": timings["process_start"].median,
         "train_examples": settings.orchestration_train_examples,
         "epochs": settings.orchestration_epochs,

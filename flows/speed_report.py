@@ -13,6 +13,7 @@ from speed.summary import (
     REFERENCE_RUN_SECONDS,
     achieved_flops,
     roofline,
+    step_seconds,
     target_rows,
 )
 from tasks.report.markdown import markdown_table
@@ -72,6 +73,7 @@ def render_markdown(
         ),
         "",
         *_flops_section(results, settings),
+        *_layers_section(results, settings),
         *_data_sections(results, summary),
         "## JSON summary",
         "",
@@ -108,6 +110,29 @@ def _flops_section(results: dict[str, Any], settings: BenchSettings) -> list[str
     ]
 
 
+def _layers_section(results: dict[str, Any], settings: BenchSettings) -> list[str]:
+    layers = results["layers"]
+    step = step_seconds(results, "towerbench", 1, layers["batch"])
+    keras = step_seconds(results, "keras_mirrored", 1, layers["batch"])
+    rest = step - sum(layers["seconds"].values())
+    rows = [
+        [f"`{name}`", f"{seconds * 1e3:.1f}", f"{seconds / step:.0%}"]
+        for name, seconds in layers["seconds"].items()
+    ]
+    rows.append(["loss, optimizer, moving average, metrics (the rest)", f"{rest * 1e3:.1f}", ""])
+    return [
+        f"## Where the step goes (`tutorial`, 1 tower, batch {layers['batch']})",
+        "",
+        "Each layer's forward and backward pass timed on its own (speed/layers.py), against our "
+        f"whole step ({step * 1e3:.1f} ms; Keras fit + MirroredStrategy: {keras * 1e3:.1f} ms). "
+        "Both runners execute these same layer kernels, so the layers bound both alike; only "
+        "the rest differs between them.",
+        "",
+        markdown_table(["Layer", "Forward + backward (ms)", "Share of our step"], rows),
+        "",
+    ]
+
+
 def _data_sections(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     pipeline = results["input_pipeline"]
     preprocess = results["preprocess"]
@@ -134,7 +159,23 @@ def _data_sections(results: dict[str, Any], summary: dict[str, Any]) -> list[str
         f"{REFERENCE_RUN_SECONDS / 60:.0f}-minute run. Starting a training process (Python + "
         f"TensorFlow + MLflow imports) takes {orchestration['process_start_seconds']:.1f} s; the "
         "sweep starts each next configuration's process while the current one trains.",
+        *_breakdown_lines(orchestration),
         "",
+    ]
+
+
+def _breakdown_lines(orchestration: dict[str, Any]) -> list[str]:
+    """Where the flow's seconds went (its last repeat), against the direct calls."""
+    parts = orchestration["breakdown"]
+    count = orchestration["configurations"]
+    return [
+        "- Where the flow's seconds go (last repeat, from its MLflow runs' start and end times): "
+        f"{parts['before_first_run']:.1f} s before the first configuration's run starts (flow "
+        f"and parent run set-up, the first process's imports); {parts['in_runs']:.1f} s in the "
+        f"{count} runs (training, live logging, evaluation artifacts: "
+        f"{orchestration['direct_seconds']:.1f} s when train() is called directly); "
+        f"{parts['between_runs']:.1f} s between them; {parts['after_last_run']:.1f} s after "
+        "the last (report, parent run closed).",
     ]
 
 

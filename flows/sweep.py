@@ -29,6 +29,7 @@ from model.errors import TowerbenchError
 from model.params import Params, ReportConfig, SweepGrid, TrackingConfig
 from model.sweep import expand, group_name, run_name, swept_fields
 from tasks.data_check import manifest_digest
+from tasks.process_ahead import discard_ahead, start_ahead
 from tasks.report import make_report
 from tasks.tracking import (
     DONE_STATUSES,
@@ -48,7 +49,7 @@ from tasks.tracking import (
     sweep_key,
     unfinished_sweep,
 )
-from tasks.train import checkpoint_dir, train_configuration
+from tasks.train import checkpoint_dir, train_configuration, training_environment
 from tasks.train_worker import WorkerRequest
 
 FlowKind = Literal["sweep", "pipeline", "benchmark"]
@@ -159,6 +160,9 @@ def sweep(
     tracking = resolve_tracking(tracking)
     data_dir = Path(data.data_dir).resolve()
     configs = expand(train, sweep)
+    if sweep.pool is None and configs[0].workers == 1:
+        # Its imports overlap the set-up below (a multi-worker configuration starts its own).
+        start_ahead(training_environment(tracking.tracking_uri or ""))
     extra = swept_fields(sweep)
     versions = {
         dataset: (data_version if dataset == train.dataset and data_version else None)
@@ -268,6 +272,7 @@ def sweep(
             "checkpoints: run the same command again once it is back to resume"
         ) from None
     finally:
+        discard_ahead()  # none is left normally; after a failure or a resume there may be
         with contextlib.suppress(MlflowException):  # the server may be what went away
             finish_sweep_run(tracking, parent_run_id, RunStatus.to_string(status))
     logger.info("report: %s", report_path)

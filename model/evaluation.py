@@ -33,7 +33,7 @@ class Evaluator:
         self.model, self.device, self.classes = model, device, classes
         self.non_trainable = model.non_trainable_variables
 
-        @tf.function
+        @tf.function(autograph=False)  # no tensor-dependent Python control flow
         def predict_batch(weights, images, labels, mask):
             with tf.device(self.device):
                 logits, _ = self.model.stateless_call(

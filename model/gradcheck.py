@@ -189,7 +189,7 @@ def _mirrored_run(problem: _Problem, devices: TowerDevices):
         optimizer.apply_gradients(zip(total, variables, strict=True))  # sums over replicas
         return data_gradients
 
-    @tf.function
+    @tf.function(autograph=False)  # also leaves `replica_step` unconverted
     def run(inputs):
         per_replica = strategy.run(replica_step, args=(inputs,))
         return [strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in per_replica]

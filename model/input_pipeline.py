@@ -8,6 +8,9 @@ its position. A resumed run therefore only needs the step number to continue the
 (no shuffle buffer in the checkpoint). With several workers every worker reads the same stream
 and keeps its own contiguous slice of each global batch, so the global batches, and every
 example's distortions, are those of one process.
+
+The map functions hold no tensor-dependent Python control flow, so AutoGraph is skipped (its
+conversion costs every training process time at start).
 """
 
 from __future__ import annotations
@@ -128,6 +131,7 @@ def train_dataset(
     shape = [int(size) for size in image_shape]
     stream_seed = seed * 1_000_003 + epoch  # a fresh order every epoch, the same on resume
 
+    @tf.autograph.experimental.do_not_convert
     def prepare(index: tf.Tensor, record: tf.Tensor):
         image, label = decode_example(record, shape)
         example_seed = tf.stack([tf.constant(stream_seed, tf.int64), index])
@@ -139,6 +143,7 @@ def train_dataset(
     positioned = records.take(plan.used_examples).enumerate().skip(start_step * plan.global_batch)
     if plan.workers > 1:
 
+        @tf.autograph.experimental.do_not_convert
         def worker_slice(indices: tf.Tensor, batch_records: tf.Tensor):
             size = tf.shape(indices, out_type=tf.int64)[0] // plan.workers
             return (
@@ -164,10 +169,12 @@ def evaluation_dataset(
     """
     shape = [int(size) for size in image_shape]
 
+    @tf.autograph.experimental.do_not_convert
     def prepare(record: tf.Tensor):
         image, label = decode_example(record, shape)
         return evaluation_image(image, crop_size), label
 
+    @tf.autograph.experimental.do_not_convert
     def pad(images: tf.Tensor, labels: tf.Tensor):
         missing = batch - tf.shape(labels)[0]
         images = tf.pad(images, [[0, missing], [0, 0], [0, 0], [0, 0]])

@@ -98,12 +98,16 @@ class TowerTrainer:
             self.last_loss = tf.Variable(0.0, trainable=False)
             self.last_cross_entropy = tf.Variable(0.0, trainable=False)
             self.weight_decay_loss = tf.Variable(0.0, trainable=False)
-        # XLA compiles each tower's forward and backward pass (one cluster per device).
+        # XLA compiles each tower's forward and backward pass (one cluster per device). No
+        # AutoGraph: the step's control flow is all Python, and converting it would add about
+        # a second to every training process's first step.
         self._tower = (
-            tf.function(self._tower_pass, jit_compile=True) if jit_compile else (self._tower_pass)
+            tf.function(self._tower_pass, jit_compile=True, autograph=False)
+            if jit_compile
+            else self._tower_pass
         )
-        self.step = tf.function(self._step)
-        self.gradients = tf.function(self._gradients)
+        self.step = tf.function(self._step, autograph=False)
+        self.gradients = tf.function(self._gradients, autograph=False)
 
     @property
     def towers(self) -> int:

@@ -39,12 +39,16 @@ class _StepClock(keras.callbacks.Callback):
 
 
 def keras_mirrored_runner(
-    devices: list[str], global_batch: int, steps: int, config: TrainConfig
+    devices: list[str],
+    global_batch: int,
+    steps: int,
+    config: TrainConfig,
+    network_name: str = NETWORK,
 ) -> Callable[[], float]:
     """A callable that runs `fit` for `steps + 1` steps and returns seconds per step (steady)."""
     strategy = tf.distribute.MirroredStrategy(devices=devices)
     with strategy.scope():
-        network = build_network(NETWORK, IMAGE_SHAPE, NUM_CLASSES, config.seed)
+        network = build_network(network_name, IMAGE_SHAPE, NUM_CLASSES, config.seed)
         for variable in network.decayed_variables:
             # tf.nn.l2_loss is sum(w**2)/2, so the tutorial's 0.004 is Keras L2(0.002).
             variable.regularizer = keras.regularizers.L2(config.weight_decay / 2)

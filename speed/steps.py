@@ -21,12 +21,19 @@ STEPS_PER_EPOCH = 390
 
 
 def tower_step_runner(
-    devices: TowerDevices, towers: int, global_batch: int, steps: int, config: TrainConfig
+    devices: TowerDevices,
+    towers: int,
+    global_batch: int,
+    steps: int,
+    config: TrainConfig,
+    network_name: str = NETWORK,
 ) -> Callable[[], float]:
     """A callable that runs `steps` tower steps on the first `towers` devices; seconds per step."""
     tower_devices = replace(devices, devices=devices.devices[:towers], replicas=towers)
     with tf.device(tower_devices.parameter_device):
-        network = build_network(NETWORK, IMAGE_SHAPE, NUM_CLASSES, config.seed, config.precision)
+        network = build_network(
+            network_name, IMAGE_SHAPE, NUM_CLASSES, config.seed, config.precision
+        )
     # The optimizer as model/training.py builds it: plain SGD on the epoch-counted LR schedule.
     optimizer = keras.optimizers.SGD(
         learning_rate=StepSchedule(schedule_from_config(config, global_batch), STEPS_PER_EPOCH)

@@ -19,6 +19,7 @@ from model.networks import build_network
 from speed.flops import count_step_flops
 from speed.input_rate import pipeline_runner
 from speed.keras_peer import keras_mirrored_runner
+from speed.layers import layer_runners
 from speed.preprocess_rate import preprocess_runner, write_random_cifar10_archive
 from speed.roofline import matmul_flops, matmul_runner
 from speed.settings import BenchSettings
@@ -39,13 +40,21 @@ def step_configurations(settings: BenchSettings) -> list[StepKey]:
         (f"towerbench:{option}", 1, settings.fixed_global_batch) for option in settings.options
     ]
     keys += [("keras_mirrored", k, k * settings.per_tower_batch) for k in settings.keras_towers]
+    batch = settings.per_tower_batch
+    for network in settings.keras_networks:
+        keys += [(f"towerbench@{network}", 1, batch), (f"keras_mirrored@{network}", 1, batch)]
     return list(dict.fromkeys(keys))
 
 
-def ratio_pairs(settings: BenchSettings) -> list[tuple[StepKey, StepKey]]:
-    """The (numerator, denominator) timings of every ratio the targets judge."""
+def judged_pairs(settings: BenchSettings) -> list[tuple[StepKey, StepKey]]:
+    """The (numerator, denominator) timings of every ratio a target judges: the step group's
+    extra rounds go to these until each is precise. (The options and 8 towers have no target.)"""
     fixed, per_tower = settings.fixed_global_batch, settings.per_tower_batch
-    pairs = [(("towerbench", k, fixed), ("towerbench", 1, fixed)) for k in settings.towers if k > 1]
+    pairs = [
+        (("towerbench", k, fixed), ("towerbench", 1, fixed))
+        for k in settings.judged_towers
+        if k in settings.towers
+    ]
     pairs += [
         (("towerbench", k, k * per_tower), ("keras_mirrored", k, k * per_tower))
         for k in settings.keras_towers
@@ -53,10 +62,6 @@ def ratio_pairs(settings: BenchSettings) -> list[tuple[StepKey, StepKey]]:
     pairs += [
         (("matmul", 1, size), ("towerbench", 1, settings.roofline_batch))
         for size in settings.roofline_sizes
-    ]
-    pairs += [
-        ((f"towerbench:{option}", 1, fixed), ("towerbench", 1, fixed))
-        for option in settings.options
     ]
     return pairs
 
@@ -75,15 +80,16 @@ def measure_steps(
     runs = {}
     for runner, towers, batch in step_configurations(settings):
         steps = settings.steps_per_repeat(batch)
-        if runner.startswith("towerbench"):
-            option = runner.partition(":")[2]
+        kind, _, network = runner.partition("@")
+        if kind.startswith("towerbench"):
+            option = kind.partition(":")[2]
             variant = with_option(config, option) if option else config
             runs[(runner, towers, batch)] = tower_step_runner(
-                devices, towers, batch, steps, variant
+                devices, towers, batch, steps, variant, network or NETWORK
             )
         else:
             runs[(runner, towers, batch)] = keras_mirrored_runner(
-                devices.devices[:towers], batch, steps, config
+                devices.devices[:towers], batch, steps, config, network or NETWORK
             )
     for size in settings.roofline_sizes:
         runs[("matmul", 1, size)] = matmul_runner(size, devices.devices[0])
@@ -91,7 +97,7 @@ def measure_steps(
         runs,
         settings.repeats,
         settings.warmup,
-        pairs=ratio_pairs(settings),
+        pairs=judged_pairs(settings),
         precision=settings.precision,
         max_seconds=settings.max_step_seconds,
     )
@@ -115,6 +121,16 @@ def measure_steps(
         str(size): list(timings[("matmul", 1, size)].seconds) for size in settings.roofline_sizes
     }
     return {"steps": steps, "matmul_flops_per_sec": roofline, "matmul_seconds": matmul_seconds}
+
+
+def measure_layers(
+    devices: TowerDevices, settings: BenchSettings, config: TrainConfig
+) -> dict[str, Any]:
+    """Seconds per forward + backward pass of each layer at the roofline batch (1 device)."""
+    batch = settings.roofline_batch
+    runs = layer_runners(batch, settings.steps_per_repeat(batch), devices.devices[0], config)
+    timings = interleaved(runs, settings.repeats, settings.warmup)
+    return {"batch": batch, "seconds": {name: timing.median for name, timing in timings.items()}}
 
 
 def _random_images(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

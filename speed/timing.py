@@ -24,13 +24,17 @@ Key = TypeVar("Key", bound=Hashable)
 
 @dataclass(frozen=True)
 class Timing:
-    """Seconds of each measured repeat (warm-up excluded)."""
+    """Seconds of each measured round (warm-up excluded); None for a round this run sat out."""
 
-    seconds: tuple[float, ...]
+    seconds: tuple[float | None, ...]
+
+    @property
+    def measured(self) -> list[float]:
+        return [value for value in self.seconds if value is not None]
 
     @property
     def median(self) -> float:
-        return statistics.median(self.seconds)
+        return statistics.median(self.measured)
 
 
 def time_once(run: Callable[[], object]) -> float:
@@ -59,10 +63,17 @@ class RatioInterval:
 
 
 def ratio_interval(
-    numerator: Sequence[float], denominator: Sequence[float], confidence: float = 0.95
+    numerator: Sequence[float | None],
+    denominator: Sequence[float | None],
+    confidence: float = 0.95,
 ) -> RatioInterval:
-    """Student-t interval of the mean log ratio of paired rounds, mapped back to a ratio."""
-    logs = [math.log(a / b) for a, b in zip(numerator, denominator, strict=True)]
+    """Student-t interval of the mean log ratio of paired rounds (those both were timed in),
+    mapped back to a ratio."""
+    logs = [
+        math.log(a / b)
+        for a, b in zip(numerator, denominator, strict=True)
+        if a is not None and b is not None
+    ]
     mean = statistics.fmean(logs)
     if len(logs) < 2:
         return RatioInterval(math.exp(mean), math.nan, math.nan, len(logs))
@@ -85,30 +96,44 @@ def interleaved(
 ) -> dict[Key, Timing]:
     """Call every run `warmup + repeats` times, one call of each per round; then, while some
     ratio of `pairs` has a 95% interval wider than ±`precision` and `max_seconds` (from the
-    start) have not passed, more rounds.
+    start) have not passed, more rounds of only the runs of those ratios.
 
     Each run measures itself and returns seconds per unit of work (a step, a product), so it can
     leave set-up it does not want timed out of the figure. Warm-up rounds absorb tracing, graph
-    optimisation and allocator growth and are dropped.
+    optimisation and allocator growth and are dropped. Every other round goes through the runs
+    in reverse order, so a drift within a round favours neither side of a pair.
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     started = time.monotonic()
-    seconds: dict[Key, list[float]] = {name: [] for name in runs}
+    seconds: dict[Key, list[float | None]] = {name: [] for name in runs}
 
-    def precise() -> bool:
-        return all(
-            ratio_interval(seconds[a], seconds[b]).relative_half_width <= precision
+    def imprecise() -> list[Key]:
+        """The runs of every pair whose interval is still too wide."""
+        wide = [
+            (a, b)
             for a, b in pairs
-        )
+            if ratio_interval(seconds[a], seconds[b]).relative_half_width > precision
+        ]
+        return list(dict.fromkeys(name for pair in wide for name in pair))
 
     round_index = 0
-    while round_index < warmup + repeats or (
-        time.monotonic() - started < max_seconds and not precise()
-    ):
-        for name, run in runs.items():
-            elapsed = run()
+    while True:
+        if round_index < warmup + repeats:
+            chosen = list(runs)
+        elif time.monotonic() - started < max_seconds:
+            chosen = imprecise()
+        else:
+            chosen = []
+        if not chosen:
+            break
+        for name in chosen if round_index % 2 == 0 else reversed(chosen):
+            elapsed = runs[name]()
             if round_index >= warmup:
                 seconds[name].append(elapsed)
+        if round_index >= warmup:
+            for name in runs:
+                if name not in chosen:
+                    seconds[name].append(None)
         round_index += 1
     return {name: Timing(tuple(values)) for name, values in seconds.items()}

@@ -86,6 +86,14 @@ class _Events:
             self.on_event(event)
 
 
+def training_environment(tracking_uri: str) -> dict[str, str]:
+    """The environment of a training process that logs to `tracking_uri`."""
+    environment = dict(os.environ, MLFLOW_TRACKING_URI=tracking_uri)
+    environment.pop("MLFLOW_RUN_ID", None)  # would override the run id we pass
+    environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return environment
+
+
 def run_training_process(
     request: WorkerRequest,
     on_event: Callable[[dict[str, Any]], None],
@@ -97,9 +105,7 @@ def run_training_process(
     The worker runs in its own session, so a terminal's Ctrl-C reaches only this process, which
     then stops the worker itself; a worker whose parent disappears stops on its own.
     """
-    environment = dict(os.environ, MLFLOW_TRACKING_URI=request.tracking_uri)
-    environment.pop("MLFLOW_RUN_ID", None)  # would override the run id we pass
-    environment.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    environment = training_environment(request.tracking_uri)
     events = _Events(on_event)
     if request.config.workers > 1:
         outcome = run_local_cluster(

@@ -34,6 +34,7 @@ TINY = dict(
     per_tower_batch=8,
     per_tower_towers=(1, 2),
     keras_towers=(1, 2),
+    keras_networks=("tutorial_bn",),
     roofline_batch=8,
     examples_per_repeat=16,
     roofline_sizes=(64, 128),
@@ -47,7 +48,7 @@ from model.devices import configure_tower_devices
 devices = configure_tower_devices(2, "cpu", "cpu")
 from speed.settings import BenchSettings
 from speed.suite import (
-    count_flops, measure_input_pipeline, measure_preprocessing, measure_steps,
+    count_flops, measure_input_pipeline, measure_layers, measure_preprocessing, measure_steps,
 )
 from model.config import TrainConfig
 
@@ -55,6 +56,7 @@ settings = BenchSettings(**{TINY!r})
 config = TrainConfig()
 results = {{"flops_per_example": count_flops(config)}}
 results |= measure_steps(devices, settings, config)
+results["layers"] = measure_layers(devices, settings, config)
 with tempfile.TemporaryDirectory() as work:
     results["input_pipeline"] = measure_input_pipeline(Path(work), settings, config)
     results["preprocess"] = measure_preprocessing(Path(work), settings)
@@ -79,11 +81,16 @@ def test_every_configuration_is_measured(tiny_results: dict) -> None:
         ("towerbench", 1, 8),
         ("keras_mirrored", 1, 8),
         ("keras_mirrored", 2, 16),
+        ("towerbench@tutorial_bn", 1, 8),
+        ("keras_mirrored@tutorial_bn", 1, 8),
         ("towerbench:xla", 1, 16),
         ("towerbench:mixed_float16", 1, 16),
         ("towerbench:mixed_bfloat16", 1, 16),
     }
     assert all(step["step_seconds"] > 0 for step in tiny_results["steps"])
+    layers = tiny_results["layers"]["seconds"]
+    assert list(layers)[:3] == ["conv1", "pool1", "norm1"] and "softmax_linear" in layers
+    assert all(seconds > 0 for seconds in layers.values())
     assert set(tiny_results["matmul_flops_per_sec"]) == {"64", "128"}
     assert tiny_results["input_pipeline"]["images_per_sec"] > 0
     preprocess = tiny_results["preprocess"]
@@ -98,6 +105,7 @@ def test_summary_has_the_issue_shape_and_correct_ratios(tiny_results: dict) -> N
     assert list(summary) == [
         "tower_overhead",
         "vs_keras_mirrored",
+        "vs_keras_mirrored_networks",
         "options_vs_float32",
         "roofline_fraction",
         "input_pipeline_ratio",
@@ -107,6 +115,7 @@ def test_summary_has_the_issue_shape_and_correct_ratios(tiny_results: dict) -> N
     ]
     assert set(summary["tower_overhead"]) == {"2"}
     assert set(summary["vs_keras_mirrored"]) == {"1", "2"}
+    assert set(summary["vs_keras_mirrored_networks"]) == {"tutorial_bn"}
     assert set(summary["options_vs_float32"]) == {"xla", "mixed_float16", "mixed_bfloat16"}
     rounds = {
         (s["runner"], s["towers"], s["global_batch"]): s["repeats"] for s in tiny_results["steps"]

@@ -22,12 +22,12 @@ def _runs(calls: list[str], values) -> dict:
     return {name: run(name) for name in values}
 
 
-def test_interleaved_runs_round_robin_and_drops_warmup() -> None:
+def test_interleaved_alternates_the_order_of_rounds_and_drops_warmup() -> None:
     calls: list[str] = []
     counter = iter(range(100))
     timings = interleaved(_runs(calls, {"a": counter, "b": counter}), repeats=3, warmup=1)
-    assert calls == ["a", "b"] * 4
-    assert timings["a"].seconds == (2.0, 4.0, 6.0) and timings["b"].median == 5.0
+    assert calls == ["a", "b", "b", "a"] * 2
+    assert timings["a"].seconds == (3.0, 4.0, 7.0) and timings["b"].median == 5.0
 
 
 def test_the_interval_covers_the_true_ratio_and_narrows_with_rounds() -> None:
@@ -52,6 +52,7 @@ def test_rounds_go_on_until_the_ratio_is_precise_or_time_is_up() -> None:
     )
     interval = ratio_interval(timings["ours"].seconds, timings["peer"].seconds)
     assert interval.rounds > 3 and interval.relative_half_width <= 0.03
+    assert len(timings["ours"].seconds) == len(timings["peer"].seconds)
     capped = interleaved(
         _runs([], values), repeats=3, warmup=0, pairs=[("ours", "peer")], max_seconds=0
     )
@@ -71,3 +72,27 @@ def test_a_target_is_judged_by_the_whole_interval(figure: dict, met: bool | None
     text, judged = _judged(figure, 1.0, at_most=True)
     assert judged is met
     assert ("too wide to judge" in text) == (met is None and figure["low"] is not None)
+
+
+def test_extra_rounds_go_only_to_the_ratios_still_imprecise() -> None:
+    rng = np.random.default_rng(2)
+    calls: list[str] = []
+    values = {
+        "ours": iter(np.exp(rng.normal(0, 0.05, 10_000))),
+        "peer": iter(np.exp(rng.normal(0, 0.05, 10_000))),
+        "steady": iter([1.0] * 10_000),
+        "steady_peer": iter([2.0] * 10_000),
+    }
+    timings = interleaved(
+        _runs(calls, values),
+        repeats=3,
+        warmup=0,
+        pairs=[("ours", "peer"), ("steady", "steady_peer")],
+        max_seconds=30,
+    )
+    assert calls.count("steady") == 3 < calls.count("ours") == calls.count("peer")
+    assert timings["steady"].seconds[3:] == (None,) * (len(timings["ours"].seconds) - 3)
+    assert timings["steady"].median == 1.0
+    interval = ratio_interval(timings["ours"].seconds, timings["peer"].seconds)
+    assert interval.relative_half_width <= 0.03
+    assert ratio_interval(timings["steady"].seconds, timings["steady_peer"].seconds).rounds == 3

@@ -68,6 +68,7 @@ def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, An
     from speed.suite import (
         count_flops,
         measure_input_pipeline,
+        measure_layers,
         measure_preprocessing,
         measure_steps,
     )
@@ -78,6 +79,8 @@ def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, An
     results: dict[str, Any] = {"flops_per_example": count_flops(config)}
     _say("training steps (towerbench, Keras + MirroredStrategy) and matmul roofline")
     results |= measure_steps(devices, settings, config)
+    _say("each layer's forward and backward pass")
+    results["layers"] = measure_layers(devices, settings, config)
     _say("input pipeline")
     results["input_pipeline"] = measure_input_pipeline(work_dir, settings, config)
     _say("preprocessing")
