@@ -181,7 +181,7 @@ class TowerTrainer:
                 )
                 summed, state_sums = reduced[: len(summed)], reduced[len(summed) : -3]
                 cross_entropy_sum, correct, small_sum = reduced[-3:]
-            mean = [gradient / self.replicas for gradient in summed]
+            mean = summed if self.replicas == 1 else [g / self.replicas for g in summed]
             if self.replicas > 1:
                 small, big = small_sum / self.replicas, _squared_norm(mean)
             else:

@@ -152,3 +152,29 @@ def test_flop_count_agrees_with_tensorflow_profiler_on_the_forward_pass() -> Non
     # Backward: weight gradients of every layer, input gradients of all but the first conv.
     first_conv = 2 * 24 * 24 * 5 * 5 * 3 * 64
     assert counted.training == 3 * counted.forward - first_conv
+
+
+def test_the_flow_breakdown_adds_up_from_the_mlflow_run_times(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    from flows.speed_overhead import flow_breakdown
+    from model.params import TrackingConfig
+
+    tracking = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(tracking.tracking_uri)
+    experiment = client.create_experiment("breakdown")
+    start = 1_800_000_000.0  # seconds; MLflow keeps milliseconds
+    parent = client.create_run(experiment, start_time=int(start * 1e3)).info.run_id
+    for begin, end in [(2.0, 5.0), (5.5, 9.0), (9.25, 12.0)]:
+        child = client.create_run(
+            experiment,
+            start_time=int((start + begin) * 1e3),
+            tags={"mlflow.parentRunId": parent},
+        )
+        client.set_terminated(child.info.run_id, end_time=int((start + end) * 1e3))
+    flow = {"started": start + 0.5, "ended": start + 13.0, "parent": parent}
+    parts = flow_breakdown(tracking, flow)
+    assert parts == pytest.approx(
+        {"before_first_run": 1.5, "in_runs": 9.25, "between_runs": 0.75, "after_last_run": 1.0}
+    )
+    assert sum(parts.values()) == pytest.approx(flow["ended"] - flow["started"])
