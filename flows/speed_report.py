@@ -116,21 +116,20 @@ def _layers_section(results: dict[str, Any], settings: BenchSettings) -> list[st
     keras = step_seconds(results, "keras_mirrored", 1, layers["batch"])
     total = sum(layers["seconds"].values())
     rows = [
-        [f"`{name}`", f"{seconds * 1e3:.1f}", f"{seconds / step:.0%}"]
+        [f"`{name}`", f"{seconds * 1e3:.1f}", f"{seconds / total:.0%}"]
         for name, seconds in layers["seconds"].items()
     ]
-    rows.append(["all layers", f"{total * 1e3:.1f}", f"{total / step:.0%}"])
     return [
         f"## Where the step goes (`tutorial`, 1 tower, batch {layers['batch']})",
         "",
-        "Each layer's forward and backward pass timed on its own (speed/layers.py), against our "
-        f"whole step ({step * 1e3:.1f} ms; Keras fit + MirroredStrategy: {keras * 1e3:.1f} ms). "
-        "Both runners execute these same layer kernels, so the layers bound both alike; only "
-        "the loss, the optimizer, the moving average and the metrics differ between them (the "
-        "step minus the layers' sum, when positive: layers timed alone each pay their own call "
-        "and memory traffic).",
+        "Each layer's forward and backward pass timed on its own (speed/layers.py): alone they "
+        f"add up to {total * 1e3:.1f} ms, against our whole step's {step * 1e3:.1f} ms (Keras fit "
+        f"+ MirroredStrategy: {keras * 1e3:.1f} ms). Read the shares, not the sum: a layer alone "
+        "pays its own call and memory traffic, which a step shares (not measured separately). "
+        "Both runners execute these same layer kernels, so the layers bound both alike; only the "
+        "loss, the optimizer, the moving average and the metrics differ between them.",
         "",
-        markdown_table(["Layer", "Forward + backward (ms)", "Share of our step"], rows),
+        markdown_table(["Layer", "Forward + backward alone (ms)", "Share of the layers"], rows),
         "",
     ]
 
