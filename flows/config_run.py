@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlflow.entities import Run
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
@@ -62,9 +63,9 @@ def _end_with_the_worker() -> None:
     threading.Thread(target=watch, daemon=True, name="watch-worker").start()
 
 
-def _owner(tracking: TrackingConfig, run_id: str) -> int:
+def _owner(run: Run) -> int:
     """The attempt the sweep gave the run to last."""
-    return int(client_for(tracking).get_run(run_id).data.tags.get(ATTEMPT_TAG, "0"))
+    return int(run.data.tags.get(ATTEMPT_TAG, "0"))
 
 
 @flow(name=CONFIG_FLOW)
@@ -74,11 +75,12 @@ def train_config(request: WorkerRequest, name: str, attempt: int = 1) -> dict[st
     logger = get_run_logger()
     _end_with_the_worker()
     tracking = TrackingConfig(tracking_uri=request.tracking_uri)
-    earlier = run_outcome(client_for(tracking).get_run(request.run_id))
+    run = client_for(tracking).get_run(request.run_id)
+    earlier = run_outcome(run)
     if earlier["status"] in DONE_STATUSES:  # an earlier attempt finished after all
         logger.info("%s: already %s", name, earlier["status"])
         return earlier
-    if _owner(tracking, request.run_id) != attempt:
+    if _owner(run) != attempt:
         raise TowerbenchError(f"{name}: attempt {attempt} was replaced by a later one")
     project = Path(os.environ.get(PROJECT_ENV, os.getcwd()))
     data_dir = project / request.data_dir  # an absolute data_dir (a shared mount) stays as is
@@ -99,6 +101,6 @@ def train_config(request: WorkerRequest, name: str, attempt: int = 1) -> dict[st
     checkpoints = checkpoint_dir(data_dir, request.run_id)
     local = request.model_copy(update={"data_dir": data_dir, "checkpoint_dir": checkpoints})
     outcome = train_configuration(local, name, tracking)
-    if _owner(tracking, request.run_id) == attempt:  # a later attempt may resume from it
+    if _owner(client_for(tracking).get_run(request.run_id)) == attempt:  # else it resumes here
         shutil.rmtree(checkpoints, ignore_errors=True)  # the model is in MLflow
     return outcome

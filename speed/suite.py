@@ -47,8 +47,9 @@ def step_configurations(settings: BenchSettings) -> list[StepKey]:
 
 
 def judged_pairs(settings: BenchSettings) -> list[tuple[StepKey, StepKey]]:
-    """The (numerator, denominator) timings of every ratio a target judges: the step group's
-    extra rounds go to these until each is precise. (The options and 8 towers have no target.)"""
+    """The (numerator, denominator) timings of every ratio a target judges, and of the other
+    networks against Keras: the step group's extra rounds go to these until each is precise.
+    (The options and 8 towers, without a target, keep the first rounds.)"""
     fixed, per_tower = settings.fixed_global_batch, settings.per_tower_batch
     pairs = [
         (("towerbench", k, fixed), ("towerbench", 1, fixed))
@@ -58,6 +59,10 @@ def judged_pairs(settings: BenchSettings) -> list[tuple[StepKey, StepKey]]:
     pairs += [
         (("towerbench", k, k * per_tower), ("keras_mirrored", k, k * per_tower))
         for k in settings.keras_towers
+    ]
+    pairs += [
+        ((f"towerbench@{network}", 1, per_tower), (f"keras_mirrored@{network}", 1, per_tower))
+        for network in settings.keras_networks
     ]
     pairs += [
         (("matmul", 1, size), ("towerbench", 1, settings.roofline_batch))

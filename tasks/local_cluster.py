@@ -39,6 +39,16 @@ FAILURE_GRACE_SECONDS = 15
 _ERROR_LINE = re.compile(r"^(?:towerbench \S+: )?error: (.*)$")
 
 
+def last_error(log_text: str) -> str | None:
+    """The message of a process's last `error:` line (its one-line cause), if it printed one."""
+    errors = [
+        match.group(1)
+        for line in log_text.splitlines()
+        if (match := _ERROR_LINE.match(line.strip()))
+    ]
+    return errors[-1] if errors else None
+
+
 @dataclass(frozen=True)
 class ClusterOutcome:
     """How each worker ended (chief first), what each wrote to stderr when it was captured, and
@@ -60,15 +70,10 @@ class ClusterOutcome:
         if self.first_failure is None:
             return []
         index = self.first_failure
-        errors = [
-            match.group(1)
-            for line in self.stderr[index].splitlines()
-            if (match := _ERROR_LINE.match(line.strip()))
-        ]
         code = self.returncodes[index]
         ended = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
         stopped = " (the other workers were stopped)" if len(self.returncodes) > 1 else ""
-        return [f"worker {index}: {errors[-1] if errors else ended}{stopped}"]
+        return [f"worker {index}: {last_error(self.stderr[index]) or ended}{stopped}"]
 
 
 def free_ports(count: int) -> list[int]:

@@ -25,19 +25,18 @@ from prefect.cache_policies import NO_CACHE
 from model.errors import TowerbenchError
 from model.params import TrackingConfig
 from model.tfrecords import dataset_dir, load_manifest
-from tasks.local_cluster import run_local_cluster
+from tasks.local_cluster import last_error, run_local_cluster
 from tasks.process_ahead import WORKER_COMMAND, start_ahead, take_process
 from tasks.tracking import mark_failed, mark_killed
 from tasks.train_worker import EVENT_PREFIX, WorkerRequest
 
 
 def _error_line(log_text: str, returncode: int) -> str:
-    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
-    errors = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
-    if errors:
-        return errors[-1]
+    if error := last_error(log_text):
+        return error
     if returncode < 0:
         return f"training process killed by signal {-returncode} (out of memory?)"
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
     return lines[-1] if lines else f"training process exited with code {returncode}"
 
 
