@@ -45,7 +45,7 @@ class BenchSettings:
 
     @classmethod
     def quick(cls) -> BenchSettings:
-        """The same keys in about 4 minutes: fewer repeats, steps and images (indicative only;
+        """The same keys in about 3 minutes: fewer repeats, steps and images (indicative only;
         preprocessing is extrapolated to 60,000 images)."""
         return cls(
             mode="quick",

@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bench",
         help="Measure training speed, tower overhead and overheads against their targets.",
         description="Runs every benchmark of issue 5 in one process (~10 minutes on 2 cores; "
-        "--quick: about 4) on the towers' devices: physical GPUs, else logical CPU devices. "
+        "--quick: about 3) on the towers' devices: physical GPUs, else logical CPU devices. "
         "The training settings benchmarked (aggregation, optimizer, schedule, distortions, XLA) "
         "are --params' train: section, else the defaults; the network is fixed.",
     )
