@@ -18,6 +18,7 @@ import json
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass
 
 from model.errors import TowerbenchError
@@ -28,6 +29,9 @@ _GROUP_KEY = 1_000_000
 STEP_INSTANCE_KEY = 1
 BROADCAST_INSTANCE_KEY = 2
 _BARRIER_MILLISECONDS = 1_800_000  # the chief may still be logging to MLflow
+# The coordination service runs in the chief: after the last barrier it stays this long, so the
+# others get their barrier replies before it exits (without it a peer's reply was lost once).
+_LEADER_GRACE_SECONDS = 2.0
 
 
 # The line of a collective's error message that says what happened to the other worker.
@@ -176,8 +180,9 @@ def leave(status: int) -> None:
     """End a joined worker: wait for the others (on success), then exit at once.
 
     TensorFlow's own exit waits on the coordination service for seconds to minutes; a collective
-    as the last step can reset a peer's pending transfer, the coordination barrier cannot. A
-    failing worker exits without waiting, so the others fail fast on its missing heartbeat.
+    as the last step can reset a peer's pending transfer, the coordination barrier cannot, as long
+    as the chief (which hosts the service) outlives the others' replies. A failing worker exits
+    without waiting, so the others fail fast on its missing heartbeat.
     """
     if _joined is None:
         return
@@ -191,5 +196,7 @@ def leave(status: int) -> None:
         except Exception as error:  # noqa: BLE001 - a peer died after training: say so, exit
             print(f"error: the other workers did not finish: {error}", file=sys.stderr)
             status = 1
+        if status == 0 and _joined.is_chief:
+            time.sleep(_LEADER_GRACE_SECONDS)
     sys.stderr.flush()
     os._exit(status)
