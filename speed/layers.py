@@ -3,8 +3,8 @@
 Every layer of the benchmark network gets a random input of the shape it sees in training and
 computes its output and the gradients of a sum of that output (its weights', and its input's
 except for the first layer: training never differentiates the images). The layers are timed
-round-robin; what the step spends beyond their sum is the loss, the optimizer, the moving
-average and the metrics.
+round-robin. Alone, each pays its own call and memory traffic, so their sum can exceed a whole
+step: their shares say which layers bound it.
 """
 
 from __future__ import annotations

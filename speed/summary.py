@@ -153,6 +153,12 @@ def _judged(figure: dict[str, Any], bound: float, at_most: bool, percent: bool =
     return f"{text}, too wide to judge", None
 
 
+def _untargeted_row(name: str, figure: dict[str, Any]) -> TargetRow:
+    """A ratio reported with its interval and no target."""
+    measured, _ = _judged(figure, 1.0, at_most=True)
+    return TargetRow(name, "—", measured.replace(", too wide to judge", ""), None)
+
+
 def target_rows(summary: dict[str, Any], settings) -> list[TargetRow]:
     """Every figure with its target (issue 5, on the 2-core CPU) and whether its 95% interval
     meets it; step ratios are shown with that interval."""
@@ -179,25 +185,19 @@ def target_rows(summary: dict[str, Any], settings) -> list[TargetRow]:
             )
         )
     for network, figure in summary["vs_keras_mirrored_networks"].items():
-        measured, _ = _judged(figure, 1.0, at_most=True)
         rows.append(
-            TargetRow(
+            _untargeted_row(
                 f"Our step / Keras fit + MirroredStrategy, `{network}` network, 1 tower, "
                 f"global batch {settings.per_tower_batch}",
-                "—",
-                measured.replace(", too wide to judge", ""),
-                None,
+                figure,
             )
         )
     for option, figure in summary["options_vs_float32"].items():
-        measured, _ = _judged(figure, 1.0, at_most=True)
         rows.append(
-            TargetRow(
+            _untargeted_row(
                 f"Step time with {option} / float32 (1 tower, global batch "
                 f"{settings.fixed_global_batch}; gains are on GPUs, this CPU is a reference)",
-                "—",
-                measured.replace(", too wide to judge", ""),
-                None,
+                figure,
             )
         )
     rows.append(
