@@ -9,12 +9,14 @@ from dataclasses import dataclass
 class BenchSettings:
     """Sizes and repeat counts. Every figure is a median of at least `repeats` rounds after
     `warmup`; the step group adds rounds until each judged ratio's 95% interval is within
-    ±`precision`, or `max_step_seconds` have passed."""
+    ±`precision` (±`peer_precision` against the Keras peer), or `max_step_seconds` have passed."""
 
     mode: str
     repeats: int = 5
     warmup: int = 1
     precision: float = 0.03
+    # "Never slower than Keras" is decided by a few percent, which ±3% cannot resolve.
+    peer_precision: float = 0.02
     max_step_seconds: float = 900.0
     towers: tuple[int, ...] = (1, 2, 4, 8)
     judged_towers: tuple[int, ...] = (2, 4)  # tower counts whose overhead has a target
@@ -50,7 +52,7 @@ class BenchSettings:
         return cls(
             mode="quick",
             repeats=3,
-            max_step_seconds=90.0,
+            max_step_seconds=150.0,
             per_tower_towers=(1, 4),  # only what the Keras comparison needs
             keras_networks=(),
             examples_per_repeat=512,

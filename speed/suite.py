@@ -46,28 +46,26 @@ def step_configurations(settings: BenchSettings) -> list[StepKey]:
     return list(dict.fromkeys(keys))
 
 
-def judged_pairs(settings: BenchSettings) -> list[tuple[StepKey, StepKey]]:
+def judged_pairs(settings: BenchSettings) -> dict[tuple[StepKey, StepKey], float]:
     """The (numerator, denominator) timings of every ratio a target judges, and of the other
-    networks against Keras: the step group's extra rounds go to these until each is precise.
-    (The options and 8 towers, without a target, keep the first rounds.)"""
+    networks against Keras, each with the precision its interval must reach: the step group's
+    extra rounds go to these until each is precise. (The options and 8 towers, without a
+    target, keep the first rounds.)"""
     fixed, per_tower = settings.fixed_global_batch, settings.per_tower_batch
-    pairs = [
-        (("towerbench", k, fixed), ("towerbench", 1, fixed))
+    pairs = {
+        (("towerbench", k, fixed), ("towerbench", 1, fixed)): settings.precision
         for k in settings.judged_towers
         if k in settings.towers
-    ]
-    pairs += [
-        (("towerbench", k, k * per_tower), ("keras_mirrored", k, k * per_tower))
-        for k in settings.keras_towers
-    ]
-    pairs += [
-        ((f"towerbench@{network}", 1, per_tower), (f"keras_mirrored@{network}", 1, per_tower))
-        for network in settings.keras_networks
-    ]
-    pairs += [
-        (("matmul", 1, size), ("towerbench", 1, settings.roofline_batch))
-        for size in settings.roofline_sizes
-    ]
+    }
+    for k in settings.keras_towers:
+        key = ("towerbench", k, k * per_tower), ("keras_mirrored", k, k * per_tower)
+        pairs[key] = settings.peer_precision
+    for network in settings.keras_networks:
+        key = (f"towerbench@{network}", 1, per_tower), (f"keras_mirrored@{network}", 1, per_tower)
+        pairs[key] = settings.peer_precision
+    for size in settings.roofline_sizes:
+        key = ("matmul", 1, size), ("towerbench", 1, settings.roofline_batch)
+        pairs[key] = settings.precision
     return pairs
 
 
@@ -103,7 +101,6 @@ def measure_steps(
         settings.repeats,
         settings.warmup,
         pairs=judged_pairs(settings),
-        precision=settings.precision,
         max_seconds=settings.max_step_seconds,
     )
     steps = [

@@ -90,13 +90,12 @@ def interleaved(
     repeats: int,
     warmup: int = 1,
     *,
-    pairs: Sequence[tuple[Key, Key]] = (),
-    precision: float = 0.03,
+    pairs: Mapping[tuple[Key, Key], float] | None = None,
     max_seconds: float = 0.0,
 ) -> dict[Key, Timing]:
     """Call every run `warmup + repeats` times, one call of each per round; then, while some
-    ratio of `pairs` has a 95% interval wider than ±`precision` and `max_seconds` (from the
-    start) have not passed, more rounds of only the runs of those ratios.
+    ratio of `pairs` (numerator, denominator) has a 95% interval wider than ± its precision and
+    `max_seconds` (from the start) have not passed, more rounds of only the runs of those ratios.
 
     Each run measures itself and returns seconds per unit of work (a step, a product), so it can
     leave set-up it does not want timed out of the figure. Warm-up rounds absorb tracing, graph
@@ -112,7 +111,7 @@ def interleaved(
         """The runs of every pair whose interval is still too wide."""
         wide = [
             (a, b)
-            for a, b in pairs
+            for (a, b), precision in (pairs or {}).items()
             if ratio_interval(seconds[a], seconds[b]).relative_half_width > precision
         ]
         return list(dict.fromkeys(name for pair in wide for name in pair))

@@ -48,13 +48,13 @@ def test_rounds_go_on_until_the_ratio_is_precise_or_time_is_up() -> None:
         "peer": iter(np.exp(rng.normal(0, 0.05, 10_000))),
     }
     timings = interleaved(
-        _runs([], values), repeats=3, warmup=0, pairs=[("ours", "peer")], max_seconds=30
+        _runs([], values), repeats=3, warmup=0, pairs={("ours", "peer"): 0.03}, max_seconds=30
     )
     interval = ratio_interval(timings["ours"].seconds, timings["peer"].seconds)
     assert interval.rounds > 3 and interval.relative_half_width <= 0.03
     assert len(timings["ours"].seconds) == len(timings["peer"].seconds)
     capped = interleaved(
-        _runs([], values), repeats=3, warmup=0, pairs=[("ours", "peer")], max_seconds=0
+        _runs([], values), repeats=3, warmup=0, pairs={("ours", "peer"): 0.03}, max_seconds=0
     )
     assert len(capped["ours"].seconds) == 3  # no time for more: the interval stays wide
 
@@ -87,7 +87,7 @@ def test_extra_rounds_go_only_to_the_ratios_still_imprecise() -> None:
         _runs(calls, values),
         repeats=3,
         warmup=0,
-        pairs=[("ours", "peer"), ("steady", "steady_peer")],
+        pairs={("ours", "peer"): 0.03, ("steady", "steady_peer"): 0.03},
         max_seconds=30,
     )
     assert calls.count("steady") == 3 < calls.count("ours") == calls.count("peer")
@@ -96,3 +96,20 @@ def test_extra_rounds_go_only_to_the_ratios_still_imprecise() -> None:
     interval = ratio_interval(timings["ours"].seconds, timings["peer"].seconds)
     assert interval.relative_half_width <= 0.03
     assert ratio_interval(timings["steady"].seconds, timings["steady_peer"].seconds).rounds == 3
+
+
+def test_each_ratio_gets_the_rounds_its_own_precision_needs() -> None:
+    rng = np.random.default_rng(3)
+    calls: list[str] = []
+    values = {name: iter(np.exp(rng.normal(0, 0.05, 10_000))) for name in ("a", "b", "c", "d")}
+    timings = interleaved(
+        _runs(calls, values),
+        repeats=3,
+        warmup=0,
+        pairs={("a", "b"): 0.01, ("c", "d"): 0.05},
+        max_seconds=30,
+    )
+    fine = ratio_interval(timings["a"].seconds, timings["b"].seconds)
+    coarse = ratio_interval(timings["c"].seconds, timings["d"].seconds)
+    assert fine.relative_half_width <= 0.01 and coarse.relative_half_width <= 0.05
+    assert calls.count("a") == fine.rounds > coarse.rounds == calls.count("c")
