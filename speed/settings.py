@@ -47,7 +47,7 @@ class BenchSettings:
 
     @classmethod
     def quick(cls) -> BenchSettings:
-        """The same keys in about 4 minutes: fewer repeats, rounds and images (indicative only;
+        """The same keys in 4-6 minutes: fewer repeats, rounds and images (indicative only;
         preprocessing is extrapolated to 60,000 images). A repeat keeps the full run's steps:
         shorter ones made the Keras ratios' rounds noisier than the rounds saved."""
         return cls(
