@@ -138,14 +138,21 @@ def achieved_flops(results: dict[str, Any], settings, runner: str = "towerbench"
     return results["flops_per_example"]["training"] * batch / seconds
 
 
-def _judged(figure: dict[str, Any], bound: float, at_most: bool, percent: bool = False) -> tuple:
-    """The figure as `1.077 [1.021, 1.136]` and whether its whole interval meets `bound`: None
-    when the interval straddles it (or is unknown), i.e. too wide to judge."""
+def _interval_text(figure: dict[str, Any], percent: bool = False) -> str:
+    """The figure as `1.077 [1.021, 1.136]` (or with `(1 round: no interval)`)."""
     shown = (lambda v: f"{v:.1%}") if percent else (lambda v: f"{v:.3f}")
+    if figure["low"] is None:
+        return f"{shown(figure['ratio'])} (1 round: no interval)"
+    return f"{shown(figure['ratio'])} [{shown(figure['low'])}, {shown(figure['high'])}]"
+
+
+def _judged(figure: dict[str, Any], bound: float, at_most: bool, percent: bool = False) -> tuple:
+    """The figure's `_interval_text` and whether its whole interval meets `bound`: None when the
+    interval straddles it (or is unknown), i.e. too wide to judge."""
+    text = _interval_text(figure, percent)
     low, high = figure["low"], figure["high"]
     if low is None:
-        return f"{shown(figure['ratio'])} (1 round: no interval)", None
-    text = f"{shown(figure['ratio'])} [{shown(low)}, {shown(high)}]"
+        return text, None
     if (high <= bound) if at_most else (low >= bound):
         return text, True
     if (low > bound) if at_most else (high < bound):
@@ -155,8 +162,7 @@ def _judged(figure: dict[str, Any], bound: float, at_most: bool, percent: bool =
 
 def _untargeted_row(name: str, figure: dict[str, Any]) -> TargetRow:
     """A ratio reported with its interval and no target."""
-    measured, _ = _judged(figure, 1.0, at_most=True)
-    return TargetRow(name, "—", measured.replace(", too wide to judge", ""), None)
+    return TargetRow(name, "—", _interval_text(figure), None)
 
 
 def target_rows(summary: dict[str, Any], settings) -> list[TargetRow]:

@@ -105,13 +105,14 @@ def interleaved(
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     started = time.monotonic()
+    precisions = pairs or {}
     seconds: dict[Key, list[float | None]] = {name: [] for name in runs}
 
     def imprecise() -> list[Key]:
         """The runs of every pair whose interval is still too wide."""
         wide = [
             (a, b)
-            for (a, b), precision in (pairs or {}).items()
+            for (a, b), precision in precisions.items()
             if ratio_interval(seconds[a], seconds[b]).relative_half_width > precision
         ]
         return list(dict.fromkeys(name for pair in wide for name in pair))
