@@ -5,13 +5,13 @@ round by round:
   direct  `model.training.train(...)` called in this process for each;
   flow    the `sweep` flow of those configurations, exactly as `towerbench sweep` runs it:
           Prefect flow and task runs, MLflow parent and child runs, each training in its own
-          process (for isolation; the next one started while the current one trains), live
-          metrics, the evaluation artifacts and the report.
+          process (for isolation; forked from the sweep's fork server, which imports once per
+          sweep), live metrics, the evaluation artifacts and the report.
 The overhead is per configuration: (flow - direct) / configurations.
 An empty flow first starts Prefect's temporary server; the timed rounds reuse it, as they would
 a running `prefect server`. Prefect and MLflow state go to a temporary folder. A third
-candidate starts a Python process importing what the training process imports: the part of the
-overhead that process isolation costs.
+candidate starts a Python process importing what the training process imports: what the fork
+server costs each sweep.
 """
 
 from __future__ import annotations
@@ -67,9 +67,9 @@ def _start_training_process() -> None:
 
 def flow_breakdown(tracking: TrackingConfig, flow: dict[str, Any]) -> dict[str, float]:
     """Where a flow's seconds went, from its MLflow runs' start and end times: before the first
-    configuration's run starts (flow and parent run set-up, the first process's imports), inside
-    the configurations' runs (training, live logging, evaluation artifacts), between them (a run
-    ends, the next is opened) and after the last (report, parent run closed)."""
+    configuration's run starts (flow and parent run set-up), inside the configurations' runs (the
+    fork server's imports in the first, training, live logging, evaluation artifacts), between
+    them (a run ends, the next is opened) and after the last (report, parent run closed)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking.tracking_uri)

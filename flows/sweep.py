@@ -29,7 +29,7 @@ from model.errors import TowerbenchError
 from model.params import Params, ReportConfig, SweepGrid, TrackingConfig
 from model.sweep import expand, group_name, run_name, swept_fields
 from tasks.data_check import manifest_digest
-from tasks.process_ahead import discard_ahead, start_ahead
+from tasks.fork_server import start_fork_server, stop_fork_server
 from tasks.report import make_report
 from tasks.tracking import (
     DONE_STATUSES,
@@ -49,7 +49,7 @@ from tasks.tracking import (
     sweep_key,
     unfinished_sweep,
 )
-from tasks.train import checkpoint_dir, train_configuration, training_environment
+from tasks.train import checkpoint_dir, train_configuration
 from tasks.train_worker import WorkerRequest
 
 FlowKind = Literal["sweep", "pipeline", "benchmark"]
@@ -84,13 +84,9 @@ def _train_here(
     tracking: TrackingConfig,
     progress: UUID,
     span: tuple[float, float],
-    start_next: bool,
 ) -> dict[str, Any]:
-    """One configuration in a process of this machine; its summary. `start_next`: another
-    configuration follows (its process starts while this one trains)."""
-    state = train_configuration(
-        request, name, tracking, progress, span, start_next, return_state=True
-    )
+    """One configuration in a process of this machine; its summary."""
+    state = train_configuration(request, name, tracking, progress, span, return_state=True)
     if state.is_failed():
         outcome = {"status": "failed", "error": str(state.result(raise_on_failure=False))}
     else:
@@ -160,9 +156,6 @@ def sweep(
     tracking = resolve_tracking(tracking)
     data_dir = Path(data.data_dir).resolve()
     configs = expand(train, sweep)
-    if sweep.pool is None and configs[0].workers == 1:
-        # Its imports overlap the set-up below (a multi-worker configuration starts its own).
-        start_ahead(training_environment(tracking.tracking_uri or ""))
     extra = swept_fields(sweep)
     versions = {
         dataset: (data_version if dataset == train.dataset and data_version else None)
@@ -199,6 +192,9 @@ def sweep(
     )
     by_index: dict[int, dict[str, Any]] = {}  # configuration index -> summary
     status = RunStatus.FAILED
+    if sweep.pool is None and configs[0].workers == 1:
+        # It imports while the runs are opened (a multi-worker configuration starts its own).
+        start_fork_server()
     try:
         pending = []
         for index, config in enumerate(configs):
@@ -237,11 +233,10 @@ def sweep(
             )
 
         if sweep.pool is None:
-            for place, (index, name, config, earlier) in enumerate(pending, start=1):
+            for index, name, config, earlier in pending:
                 span = (100 * index / len(configs), 100 * (index + 1) / len(configs))
                 request = open_run(name, config, earlier)
-                start_next = place < len(pending)
-                by_index[index] = _train_here(request, name, tracking, progress, span, start_next)
+                by_index[index] = _train_here(request, name, tracking, progress, span)
         else:
             from flows.fan_out import check_served
 
@@ -272,7 +267,7 @@ def sweep(
             "checkpoints: run the same command again once it is back to resume"
         ) from None
     finally:
-        discard_ahead()  # none is left normally; after a failure or a resume there may be
+        stop_fork_server()  # every configuration's process has ended
         with contextlib.suppress(MlflowException):  # the server may be what went away
             finish_sweep_run(tracking, parent_run_id, RunStatus.to_string(status))
     logger.info("report: %s", report_path)

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 class BenchSettings:
     """Sizes and repeat counts. Every figure is a median of at least `repeats` rounds after
     `warmup`; the step group adds rounds until each judged ratio's 95% interval is within
-    ±`precision` (±`peer_precision` against the Keras peer), or `max_step_seconds` have passed."""
+    ±`precision` (±`peer_precision` against the Keras peer), or those extra rounds have taken
+    `max_step_seconds`."""
 
     mode: str
     repeats: int = 5

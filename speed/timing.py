@@ -95,7 +95,8 @@ def interleaved(
 ) -> dict[Key, Timing]:
     """Call every run `warmup + repeats` times, one call of each per round; then, while some
     ratio of `pairs` (numerator, denominator) has a 95% interval wider than ± its precision and
-    `max_seconds` (from the start) have not passed, more rounds of only the runs of those ratios.
+    these extra rounds have not yet taken `max_seconds`, more rounds of only the runs of those
+    ratios. (The first rounds' length depends on the machine; the cap is on what comes after.)
 
     Each run measures itself and returns seconds per unit of work (a step, a product), so it can
     leave set-up it does not want timed out of the figure. Warm-up rounds absorb tracing, graph
@@ -104,7 +105,6 @@ def interleaved(
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
-    started = time.monotonic()
     precisions = pairs or {}
     seconds: dict[Key, list[float | None]] = {name: [] for name in runs}
 
@@ -118,10 +118,13 @@ def interleaved(
         return list(dict.fromkeys(name for pair in wide for name in pair))
 
     round_index = 0
+    extra_started = 0.0
     while True:
+        if round_index == warmup + repeats:
+            extra_started = time.monotonic()
         if round_index < warmup + repeats:
             chosen = list(runs)
-        elif time.monotonic() - started < max_seconds:
+        elif time.monotonic() - extra_started < max_seconds:
             chosen = imprecise()
         else:
             chosen = []

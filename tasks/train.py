@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,8 @@ from prefect.cache_policies import NO_CACHE
 from model.errors import TowerbenchError
 from model.params import TrackingConfig
 from model.tfrecords import dataset_dir, load_manifest
+from tasks.fork_server import TrainingProcess
 from tasks.local_cluster import last_error, run_local_cluster
-from tasks.process_ahead import WORKER_COMMAND, start_ahead, take_process
 from tasks.tracking import mark_failed, mark_killed
 from tasks.train_worker import EVENT_PREFIX, WorkerRequest
 
@@ -40,6 +41,8 @@ def _error_line(log_text: str, returncode: int) -> str:
     return lines[-1] if lines else f"training process exited with code {returncode}"
 
 
+# A worker of a multi-worker configuration: a process of its own, the request on its stdin.
+WORKER_COMMAND = [sys.executable, "-m", "tasks.train_worker"]
 CHECKPOINTS = "checkpoints"  # under the data dir, one folder per MLflow run
 
 
@@ -57,7 +60,7 @@ class TrainingFailed(Exception):
 STOP_GRACE_SECONDS = 3
 
 
-def _stop(process: subprocess.Popen) -> None:
+def _stop(process: TrainingProcess) -> None:
     """SIGTERM (the worker marks its MLflow run KILLED, keeps its checkpoint), then SIGKILL."""
     if process.poll() is None:
         process.terminate()
@@ -96,10 +99,8 @@ def training_environment(tracking_uri: str) -> dict[str, str]:
 def run_training_process(
     request: WorkerRequest,
     on_event: Callable[[dict[str, Any]], None],
-    start_next: bool = False,
 ) -> dict[str, Any]:
     """Run the worker to completion; returns its result, or a `failed` summary with the error.
-    `start_next`: start the next configuration's process now (tasks/process_ahead.py).
 
     The worker runs in its own session, so a terminal's Ctrl-C reaches only this process, which
     then stops the worker itself; a worker whose parent disappears stops on its own.
@@ -119,23 +120,19 @@ def run_training_process(
             return events.result
         log_text = "\n".join(outcome.stderr)
         return {"status": "failed", "error": "; ".join(outcome.failures()), "log": log_text}
-    training = take_process(environment)
-    if start_next:  # Python imports are single-threaded: both import at once on 2 cores
-        start_ahead(environment)
-    process = training.popen
-    assert process.stdin is not None and process.stdout is not None
-    with training.log as log:
+    process = TrainingProcess(request.model_dump_json(), environment)
+    try:
         try:
-            process.stdin.write(request.model_dump_json())
-            process.stdin.close()
             for line in process.stdout:
                 events(line)
             returncode = process.wait()
         except BaseException:  # Ctrl-C, SIGTERM, a crash of ours: the worker ends with us
             _stop(process)
             raise
-        log.seek(0)
-        log_text = log.read()
+        process.log.seek(0)
+        log_text = process.log.read()
+    finally:
+        process.close()
     if returncode == 0 and events.result is not None:
         return events.result
     return {"status": "failed", "error": _error_line(log_text, returncode), "log": log_text}
@@ -149,11 +146,9 @@ def train_configuration(
     tracking: TrackingConfig,
     progress_artifact: UUID | None = None,
     progress_span: tuple[float, float] = (0.0, 100.0),
-    start_next: bool = False,
 ) -> dict[str, Any]:
     """One configuration; a failed run is recorded in MLflow and raised as `TrainingFailed`, so
-    its task shows Failed (the sweep goes on with the next configuration). `start_next`: another
-    configuration follows, so its process is started while this one trains."""
+    its task shows Failed (the sweep goes on with the next configuration)."""
     logger = get_run_logger()
     start, end = progress_span
     epochs = request.config.epochs
@@ -179,7 +174,7 @@ def train_configuration(
         mark_failed(tracking, request.run_id, str(error), "")
         raise TrainingFailed(f"{name}: {error}") from None
     try:
-        outcome = run_training_process(request, on_event, start_next)
+        outcome = run_training_process(request, on_event)
     except BaseException:  # Ctrl-C, SIGTERM: the process is stopped; never leave its run RUNNING
         with contextlib.suppress(Exception):
             mark_killed(tracking, request.run_id, "stopped; run the same sweep again to resume")

@@ -1,7 +1,9 @@
-"""One configuration's training run in its own process: `python -m tasks.train_worker < request`.
+"""One configuration's training run in its own process: forked by the sweep's fork server
+(`forked_main`, tasks/fork_server.py) or, for a worker of a multi-worker configuration,
+`python -m tasks.train_worker < request`.
 
 TensorFlow fixes its device layout once per process, and a crash or out-of-memory must not take
-the sweep down, so the sweep starts one of these per configuration. It resumes the MLflow run the
+the sweep down, so the sweep runs one of these per configuration. It resumes the MLflow run the
 sweep created for it, logs every epoch's metrics live, then the evaluation artifacts. It reports
 back on stdout with `EVENT_PREFIX` lines; everything else it prints is only log. In a cluster
 (TF_CONFIG, several workers) the chief does all that; the other workers only train.
@@ -9,7 +11,6 @@ back on stdout with `EVENT_PREFIX` lines; everything else it prints is only log.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -130,9 +131,10 @@ def run(request: WorkerRequest) -> dict[str, Any]:
 
 
 def _end_with_the_sweep(request: WorkerRequest, sweep_process: int) -> None:
-    """Stop when told to (SIGTERM, SIGINT) or when the sweep that started us (`sweep_process`,
-    noted at start: it may be gone by now) is gone: mark the run KILLED with the reason and exit
-    at once. The last epoch's checkpoint stays for resume."""
+    """Stop when told to (SIGTERM, SIGINT) or when the process that started us (`sweep_process`:
+    the sweep's fork server, or a cluster's launcher; noted at start, it may be gone by now) is
+    gone: mark the run KILLED with the reason and exit at once. The last epoch's checkpoint stays
+    for resume."""
 
     def stop(reason: str) -> None:
         from tasks.tracking import mark_killed
@@ -176,37 +178,8 @@ def _exit_status(work: Callable[[], object]) -> int:
     return 0
 
 
-def _prepare_training() -> None:
-    """Before the request arrives, load what training needs and open the tracking store: a
-    process started ahead of its configuration (tasks/process_ahead.py) is ready the moment it
-    gets one."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-    from mlflow.utils import requirements_utils
-
-    import model.training  # noqa: F401 - TensorFlow
-    import tasks.evaluate  # noqa: F401
-
-    # Logging the model checks its requirements against a map of every installed package, made
-    # once per process (0.8 s): make it now.
-    requirements_utils._init_modules_to_packages_map()
-
-    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
-    logs = cluster.Cluster.from_environment().is_chief  # the other workers of a cluster do not
-    if logs and uri and not uri.startswith(("http://", "https://")):
-        # A database store's first call opens it and checks its schema (about 0.5 s); if that
-        # fails, the run's own first call reports it.
-        with contextlib.suppress(MlflowException):
-            mlflow.MlflowClient(uri).search_experiments(max_results=1)
-
-
-def main() -> int:
-    sweep_process = os.getppid()
-    _prepare_training()
-    text = sys.stdin.read()
-    if not text:  # started ahead, then not needed: the sweep ended
-        return 0
-    request = WorkerRequest.model_validate_json(text)
+def _train_and_log(request: WorkerRequest, sweep_process: int) -> int:
+    """Train in the MLflow run the sweep made for `request`; its exit status."""
     if not cluster.Cluster.from_environment().is_chief:
         # The other workers train in step with the chief, which logs and saves.
         from model.training import train
@@ -230,11 +203,39 @@ def main() -> int:
     return status
 
 
+def _leave(status: int) -> None:
+    """Exit now: the run is logged and closed, so skip the interpreter's teardown (TensorFlow's
+    takes 1.5 s)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def forked_main(request_json: str, environment: dict[str, str], stdout: int, stderr: int) -> None:
+    """A configuration's process, forked by the fork server (tasks/fork_server.py) with the
+    imports done: in a session of its own (a terminal's Ctrl-C reaches only the sweep, which
+    stops it), with `environment`, its events on `stdout` and its log on `stderr`."""
+    os.setsid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for descriptor, standard in ((stdout, 1), (stderr, 2)):
+        os.dup2(descriptor, standard)
+        os.close(descriptor)
+    os.environ.clear()
+    os.environ.update(environment)
+    _leave(_train_and_log(WorkerRequest.model_validate_json(request_json), os.getppid()))
+
+
+def main() -> int:
+    """A worker of a multi-worker configuration (tasks/local_cluster.py): the request on stdin."""
+    launcher = os.getppid()
+    import tasks.training_imports  # noqa: F401
+
+    return _train_and_log(WorkerRequest.model_validate_json(sys.stdin.read()), launcher)
+
+
 if __name__ == "__main__":
     end_with_launcher()  # a worker of a multi-worker configuration ends with its launcher
     status = main()
     cluster.leave(status)  # a worker of a cluster exits here, once the others are done
-    # The run is logged and closed: skip the interpreter's teardown (TensorFlow's takes 1.5 s).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    _leave(status)

@@ -1,0 +1,95 @@
+"""Training processes forked from a server that has imported TensorFlow and MLflow once.
+
+A new Python process spends 5-10 s (2 cores) importing TensorFlow and MLflow before it can
+train. Each configuration still trains in a process of its own (TensorFlow fixes its device
+layout once per process, and a crash or an out-of-memory kill must take only that run), but the
+process is forked from multiprocessing's fork server, which loaded tasks/training_imports.py
+once: it starts ready in a few hundredths of a second. The sweep starts the server as it begins
+(its imports overlap the sweep's set-up) and stops it when it ends; the server also ends with
+this process however that ends, and a forked process whose server is gone stops itself
+(tasks/train_worker.py).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import tempfile
+from multiprocessing import forkserver, reduction
+from typing import IO
+
+PRELOAD = ["tasks.training_imports", "tasks.train_worker"]
+_context = multiprocessing.get_context("forkserver")
+
+
+def start_fork_server() -> None:
+    """Start the server (it imports in the background); a no-op when it is running."""
+    _context.set_forkserver_preload(PRELOAD)
+    forkserver.ensure_running()
+
+
+def stop_fork_server() -> None:
+    """Stop the server (not the processes forked from it); the next start begins afresh."""
+    forkserver._forkserver._stop()  # the standard library's own way to stop it (its tests')
+
+
+class _PassedFd:
+    """A file descriptor handed to the forked process: pickled while it starts, it arrives
+    there as a descriptor of its own."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        return _received_fd, (reduction.DupFd(self.fd),)
+
+
+def _received_fd(duplicate) -> int:
+    return duplicate.detach()
+
+
+class TrainingProcess:
+    """A forked `tasks.train_worker` run of one request: its stdout (the worker's events) as
+    lines, its stderr kept in `log`, and `subprocess.Popen`'s poll, wait, terminate and kill."""
+
+    def __init__(self, request_json: str, environment: dict[str, str]):
+        from tasks.train_worker import forked_main
+
+        start_fork_server()
+        self.log: IO[str] = tempfile.TemporaryFile("w+")
+        read_end, write_end = os.pipe()
+        self.process = _context.Process(
+            target=forked_main,
+            args=(request_json, environment, _PassedFd(write_end), _PassedFd(self.log.fileno())),
+            name="towerbench-training",
+        )
+        try:
+            self.process.start()
+        except BaseException:
+            os.close(read_end)
+            self.log.close()
+            raise
+        finally:
+            os.close(write_end)  # the worker holds its own: its end is this side's end of file
+        self.stdout: IO[str] = os.fdopen(read_end)
+        self.pid = self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired("tasks.train_worker", timeout or 0)
+        return self.process.exitcode
+
+    def terminate(self) -> None:
+        self.process.terminate()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def close(self) -> None:
+        self.stdout.close()
+        self.log.close()

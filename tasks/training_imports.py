@@ -1,0 +1,36 @@
+"""What a training process loads before it trains, imported once by the sweep's fork server
+(tasks/fork_server.py) so that every configuration's process starts with it done.
+
+Importing this module imports TensorFlow, MLflow, the trainer and the evaluation task (5-10 s on
+2 cores) and builds MLflow's map of installed packages, which logging a model checks its
+requirements against (0.8 s, once per process otherwise). What TensorFlow's C++ start-up writes
+to stderr meanwhile (CUDA probing, printed before its log level applies) is dropped: the fork
+server's stderr is the sweep's, where the user reads the sweep's progress.
+"""
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def _stderr_dropped() -> Iterator[None]:
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+# The training processes' default (tasks/train.py): TensorFlow reads it once, when it first logs.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+with _stderr_dropped():
+    from mlflow.utils import requirements_utils
+
+    import model.training  # noqa: F401 - TensorFlow
+    import tasks.evaluate  # noqa: F401 - MLflow, matplotlib
+
+requirements_utils._init_modules_to_packages_map()

@@ -1,0 +1,81 @@
+"""The fork server behind every configuration's training process: a forked process reports its
+failure like a started one (exit status, its stderr as the log, end of its events), and the
+server ends when stopped and when the process that started it dies, however it dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from model.config import TrainConfig
+from tasks.fork_server import TrainingProcess, stop_fork_server
+from tasks.train_worker import WorkerRequest
+
+pytestmark = pytest.mark.slow  # starts processes that import TensorFlow
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fork_servers(parent: psutil.Process) -> list[psutil.Process]:
+    return [
+        child
+        for child in parent.children()
+        if "multiprocessing.forkserver" in " ".join(child.cmdline())
+    ]
+
+
+def test_a_forked_process_fails_like_a_started_one_and_the_server_stops(tmp_path: Path) -> None:
+    request = WorkerRequest(
+        config=TrainConfig(dataset="tiny"),
+        data_dir=tmp_path,
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        run_id="0123456789abcdef0123456789abcdef",  # no such run
+        data_version="none",
+    )
+    process = TrainingProcess(request.model_dump_json(), dict(os.environ))
+    [server] = _fork_servers(psutil.Process())
+    assert psutil.Process(process.pid).ppid() == server.pid
+    try:
+        events = process.stdout.read()  # ends when the process does
+        assert process.wait(timeout=120) == 1
+        process.log.seek(0)
+        log = process.log.read()
+    finally:
+        process.close()
+    assert events == ""  # no result event
+    assert log.strip().splitlines()[-1].startswith("error: MlflowException:"), log[-2000:]
+    assert "0123456789abcdef0123456789abcdef" in log
+    stop_fork_server()
+    server.wait(timeout=30)
+    assert _fork_servers(psutil.Process()) == []
+
+
+def test_the_fork_server_ends_when_its_process_is_killed() -> None:
+    script = textwrap.dedent(
+        """
+        import time
+        from tasks.fork_server import start_fork_server
+        start_fork_server()
+        print("started", flush=True)
+        time.sleep(600)
+        """
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout.readline().strip() == "started"
+        [server] = _fork_servers(psutil.Process(owner.pid))
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=30)
+        server.wait(timeout=60)  # raises psutil.TimeoutExpired if it outlives its owner
+    finally:
+        owner.kill()
+        owner.wait()
