@@ -192,8 +192,8 @@ def sweep(
     )
     by_index: dict[int, dict[str, Any]] = {}  # configuration index -> summary
     status = RunStatus.FAILED
-    if sweep.pool is None and configs[0].workers == 1:
-        # It imports while the runs are opened (a multi-worker configuration starts its own).
+    if sweep.pool is None and any(config.workers == 1 for config in configs):
+        # It imports while the runs are opened (unless the command started it already).
         start_fork_server()
     try:
         pending = []

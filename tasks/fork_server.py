@@ -12,10 +12,14 @@ this process however that ends, and a forked process whose server is gone stops 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import subprocess
+import sys
 import tempfile
+import types
+from collections.abc import Iterator
 from multiprocessing import forkserver, reduction
 from typing import IO
 
@@ -32,6 +36,20 @@ def start_fork_server() -> None:
 def stop_fork_server() -> None:
     """Stop the server (not the processes forked from it); the next start begins afresh."""
     forkserver._forkserver._stop()  # the standard library's own way to stop it (its tests')
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """multiprocessing runs this process's main module again in the forked process (as
+    `__mp_main__`) unless it has neither a module name nor a file. The training process needs
+    nothing from it, and a script that calls the sweep without an `if __name__ == "__main__"`
+    guard would start its sweep again there."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 class _PassedFd:
@@ -65,7 +83,8 @@ class TrainingProcess:
             name="towerbench-training",
         )
         try:
-            self.process.start()
+            with _main_module_hidden():
+                self.process.start()
         except BaseException:
             os.close(read_end)
             self.log.close()

@@ -1,6 +1,7 @@
 """The fork server behind every configuration's training process: a forked process reports its
 failure like a started one (exit status, its stderr as the log, end of its events), and the
-server ends when stopped and when the process that started it dies, however it dies."""
+server ends when stopped and when the process that started it dies, however it dies; the
+parent's main script is not run again in the forked process."""
 
 from __future__ import annotations
 
@@ -57,24 +58,37 @@ def test_a_forked_process_fails_like_a_started_one_and_the_server_stops(tmp_path
     assert _fork_servers(psutil.Process()) == []
 
 
-def test_the_fork_server_ends_when_its_process_is_killed() -> None:
-    script = textwrap.dedent(
-        """
-        import time
-        from tasks.fork_server import start_fork_server
-        start_fork_server()
-        print("started", flush=True)
-        time.sleep(600)
-        """
+def test_a_script_without_a_main_guard_runs_once_and_its_server_ends_when_it_is_killed(
+    tmp_path: Path,
+) -> None:
+    """multiprocessing would run the script again in the forked process; it must not."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, sys, time
+            print("script ran", flush=True)
+            from tasks.fork_server import TrainingProcess
+            process = TrainingProcess("not a request", dict(os.environ))
+            print("exit", process.wait(timeout=120), flush=True)
+            time.sleep(600)
+            """
+        )
     )
     owner = subprocess.Popen(
-        [sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
-        assert owner.stdout.readline().strip() == "started"
+        lines = [owner.stdout.readline().strip() for _ in range(2)]
+        assert lines == ["script ran", "exit 1"]  # the request did not parse
         [server] = _fork_servers(psutil.Process(owner.pid))
         owner.send_signal(signal.SIGKILL)
         owner.wait(timeout=30)
+        assert owner.stdout.read() == ""  # nothing ran the script again
         server.wait(timeout=60)  # raises psutil.TimeoutExpired if it outlives its owner
     finally:
         owner.kill()

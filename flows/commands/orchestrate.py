@@ -37,15 +37,21 @@ TRAIN_LIST_FIELDS = frozenset(name for name in TrainConfig.model_fields if name 
 DEFAULT_PARAMS = Path("params.yaml")
 
 
-def _prepare_prefect(tracking_uri: str | None) -> None:
-    """Servers checked (one line and exit 2 if one is down), then TensorFlow and Prefect's
-    temporary server started as ours (when no API URL is set)."""
+def _prepare_prefect(params: Params) -> None:
+    """Servers checked (one line and exit 2 if one is down); then, when this machine trains the
+    sweep, the training processes' fork server started (its imports overlap what follows); then
+    TensorFlow and Prefect's temporary server started as ours (when no API URL is set)."""
     os.environ.setdefault(
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(EPHEMERAL_STARTUP_SECONDS)
     )
     from tasks.preflight import check_servers
 
-    check_servers(tracking_uri)  # before the slow imports and any training
+    check_servers(params.tracking.tracking_uri)  # before the slow imports and any training
+    configs = expand(params.train, params.sweep)
+    if params.sweep.pool is None and any(config.workers == 1 for config in configs):
+        from tasks.fork_server import start_fork_server
+
+        start_fork_server()
     import_tensorflow()
     from flows.temporary_server import start_owned_temporary_server
 
@@ -114,7 +120,7 @@ def _result(outcome: dict[str, Any]) -> CommandResult:
 
 def run_sweep_command(args: argparse.Namespace) -> CommandResult:
     params = sweep_run_from_args(args)
-    _prepare_prefect(params.tracking.tracking_uri)
+    _prepare_prefect(params)
     from flows.sweep import sweep_params
 
     return _result(sweep_params(params, fresh=args.fresh))
@@ -124,7 +130,7 @@ def run_pipeline_command(args: argparse.Namespace) -> CommandResult:
     """The deployment's flow, with the form's values taken from the file and the options."""
     overrides = overrides_from_args(TrackingConfig, args)
     params = _checked(load(args.params, overrides))
-    _prepare_prefect(params.tracking.tracking_uri)
+    _prepare_prefect(params)
     from flows.pipeline import pipeline
     from flows.run_form import form_parameters
 
