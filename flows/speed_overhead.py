@@ -5,13 +5,14 @@ round by round:
   direct  `model.training.train(...)` called in this process for each;
   flow    the `sweep` flow of those configurations, exactly as `towerbench sweep` runs it:
           Prefect flow and task runs, MLflow parent and child runs, each training in its own
-          process (for isolation; forked from the sweep's fork server, which imports once per
-          sweep), live metrics, the evaluation artifacts and the report.
+          process (for isolation; forked from the fork server, which imported TensorFlow and
+          MLflow once), live metrics, the evaluation artifacts and the report.
 The overhead is per configuration: (flow - direct) / configurations.
-An empty flow first starts Prefect's temporary server; the timed rounds reuse it, as they would
-a running `prefect server`. Prefect and MLflow state go to a temporary folder. A third
-candidate starts a Python process importing what the training process imports: what the fork
-server costs each sweep.
+An empty flow first starts Prefect's temporary server, and the fork server is started; the timed
+rounds reuse both, as a sweep command's flow does (the command starts both before its flow, the
+fork server's imports overlapping Prefect's start-up). Prefect and MLflow state go to a temporary
+folder. A third candidate starts a Python process importing what the fork server imports: its
+start-up, paid once per command, outside the figure like Prefect's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from model.params import ReportConfig, SweepGrid, TrackingConfig
 from speed.settings import BenchSettings
 from speed.suite import write_synthetic_cifar
 from speed.timing import interleaved, time_once
+from tasks.fork_server import start_fork_server
 
 DATASET = "benchcifar"
 TEST_EXAMPLES = 256
@@ -67,9 +69,9 @@ def _start_training_process() -> None:
 
 def flow_breakdown(tracking: TrackingConfig, flow: dict[str, Any]) -> dict[str, float]:
     """Where a flow's seconds went, from its MLflow runs' start and end times: before the first
-    configuration's run starts (flow and parent run set-up), inside the configurations' runs (the
-    fork server's imports in the first, training, live logging, evaluation artifacts), between
-    them (a run ends, the next is opened) and after the last (report, parent run closed)."""
+    configuration's run starts (flow and parent run set-up), inside the configurations' runs
+    (training, live logging, evaluation artifacts), between them (a run ends, the next is opened)
+    and after the last (report, parent run closed)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking.tracking_uri)
@@ -129,6 +131,7 @@ def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> d
         for each in configs:
             train(each, data.data_dir)
 
+    start_fork_server()
     _start_prefect_server()
     timings = interleaved(
         {

@@ -160,8 +160,9 @@ def _data_sections(results: dict[str, Any], summary: dict[str, Any]) -> list[str
         f"{orchestration['flow_seconds']:.1f} s; overhead {orchestration['overhead_seconds']:.1f} s"
         f" per configuration = {summary['orchestration_overhead']:.1%} of a "
         f"{REFERENCE_RUN_SECONDS / 60:.0f}-minute run. Starting a training process (Python + "
-        f"TensorFlow + MLflow imports) takes {orchestration['process_start_seconds']:.1f} s; a "
-        "sweep pays it once, in its fork server, and forks each configuration's process from it.",
+        f"TensorFlow + MLflow imports) takes {orchestration['process_start_seconds']:.1f} s: a "
+        "sweep command pays it once, in its fork server, started beside Prefect's start-up "
+        "(outside this figure, like Prefect's), and forks each configuration's process from it.",
         *_breakdown_lines(orchestration),
         "",
     ]
@@ -174,8 +175,8 @@ def _breakdown_lines(orchestration: dict[str, Any]) -> list[str]:
     return [
         "- Where the flow's seconds go (last repeat, from its MLflow runs' start and end times): "
         f"{parts['before_first_run']:.1f} s before the first configuration's run starts (flow "
-        f"and parent run set-up); {parts['in_runs']:.1f} s in the {count} runs (the fork "
-        "server's imports in the first, training, live logging, evaluation artifacts: "
+        f"and parent run set-up); {parts['in_runs']:.1f} s in the {count} runs (training, live "
+        "logging, evaluation artifacts: "
         f"{orchestration['direct_seconds']:.1f} s when train() is called directly); "
         f"{parts['between_runs']:.1f} s between them; {parts['after_last_run']:.1f} s after "
         "the last (report, parent run closed).",

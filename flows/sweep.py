@@ -29,7 +29,7 @@ from model.errors import TowerbenchError
 from model.params import Params, ReportConfig, SweepGrid, TrackingConfig
 from model.sweep import expand, group_name, run_name, swept_fields
 from tasks.data_check import manifest_digest
-from tasks.fork_server import start_fork_server, stop_fork_server
+from tasks.fork_server import start_fork_server
 from tasks.report import make_report
 from tasks.tracking import (
     DONE_STATUSES,
@@ -156,6 +156,8 @@ def sweep(
     tracking = resolve_tracking(tracking)
     data_dir = Path(data.data_dir).resolve()
     configs = expand(train, sweep)
+    if sweep.pool is None and any(config.workers == 1 for config in configs):
+        start_fork_server()  # its imports overlap the set-up below (if no command started it)
     extra = swept_fields(sweep)
     versions = {
         dataset: (data_version if dataset == train.dataset and data_version else None)
@@ -192,9 +194,6 @@ def sweep(
     )
     by_index: dict[int, dict[str, Any]] = {}  # configuration index -> summary
     status = RunStatus.FAILED
-    if sweep.pool is None and any(config.workers == 1 for config in configs):
-        # It imports while the runs are opened (unless the command started it already).
-        start_fork_server()
     try:
         pending = []
         for index, config in enumerate(configs):
@@ -267,7 +266,6 @@ def sweep(
             "checkpoints: run the same command again once it is back to resume"
         ) from None
     finally:
-        stop_fork_server()  # every configuration's process has ended
         with contextlib.suppress(MlflowException):  # the server may be what went away
             finish_sweep_run(tracking, parent_run_id, RunStatus.to_string(status))
     logger.info("report: %s", report_path)

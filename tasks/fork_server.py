@@ -4,10 +4,10 @@ A new Python process spends 5-10 s (2 cores) importing TensorFlow and MLflow bef
 train. Each configuration still trains in a process of its own (TensorFlow fixes its device
 layout once per process, and a crash or an out-of-memory kill must take only that run), but the
 process is forked from multiprocessing's fork server, which loaded tasks/training_imports.py
-once: it starts ready in a few hundredths of a second. The sweep starts the server as it begins
-(its imports overlap the sweep's set-up) and stops it when it ends; the server also ends with
-this process however that ends, and a forked process whose server is gone stops itself
-(tasks/train_worker.py).
+once: it starts ready in a few hundredths of a second. The sweep and pipeline commands start the
+server before Prefect's start-up, which its imports overlap (a sweep called otherwise starts it
+as it begins). It serves every later sweep of this process and ends with this process however
+that ends; a forked process whose server is gone stops itself (tasks/train_worker.py).
 """
 
 from __future__ import annotations
@@ -31,11 +31,6 @@ def start_fork_server() -> None:
     """Start the server (it imports in the background); a no-op when it is running."""
     _context.set_forkserver_preload(PRELOAD)
     forkserver.ensure_running()
-
-
-def stop_fork_server() -> None:
-    """Stop the server (not the processes forked from it); the next start begins afresh."""
-    forkserver._forkserver._stop()  # the standard library's own way to stop it (its tests')
 
 
 @contextlib.contextmanager
