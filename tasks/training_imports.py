@@ -2,7 +2,8 @@
 (tasks/fork_server.py) so that every configuration's process starts with it done.
 
 Importing this module imports TensorFlow, MLflow, the trainer and the evaluation task (5-10 s on
-2 cores) and builds MLflow's map of installed packages, which logging a model checks its
+2 cores), MLflow's database store (2 s, SQLAlchemy's mappers configured as it loads; no database
+is opened here) and builds MLflow's map of installed packages, which logging a model checks its
 requirements against (0.8 s, once per process otherwise). What TensorFlow's C++ start-up writes
 to stderr meanwhile (CUDA probing, printed before its log level applies) is dropped: the fork
 server's stderr is the sweep's, where the user reads the sweep's progress.
@@ -28,6 +29,7 @@ def _stderr_dropped() -> Iterator[None]:
 # The training processes' default (tasks/train.py): TensorFlow reads it once, when it first logs.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 with _stderr_dropped():
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     from mlflow.utils import requirements_utils
 
     import model.training  # noqa: F401 - TensorFlow
