@@ -22,8 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="Measure training speed, tower overhead and overheads against their targets.",
-        description="Runs every benchmark of issue 5 in one process (11-21 minutes on 2 cores; "
-        "--quick: 4-6) on the towers' devices: physical GPUs, else logical CPU devices. "
+        description="Runs every benchmark of issue 5 in one process (11-21 minutes on 2 fast "
+        "cores; --quick: 4-10, by the machine) on the towers' devices: physical GPUs, else "
+        "logical CPU devices. "
         "The training settings benchmarked (aggregation, optimizer, schedule, distortions, XLA) "
         "are --params' train: section, else the defaults; the network is fixed.",
     )
