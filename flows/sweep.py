@@ -29,7 +29,7 @@ from model.errors import TowerbenchError
 from model.params import Params, ReportConfig, SweepGrid, TrackingConfig
 from model.sweep import expand, group_name, run_name, swept_fields
 from tasks.data_check import manifest_digest
-from tasks.fork_server import start_fork_server
+from tasks.fork_server import start_fork_server_for
 from tasks.report import make_report
 from tasks.tracking import (
     DONE_STATUSES,
@@ -156,8 +156,7 @@ def sweep(
     tracking = resolve_tracking(tracking)
     data_dir = Path(data.data_dir).resolve()
     configs = expand(train, sweep)
-    if sweep.pool is None and any(config.workers == 1 for config in configs):
-        start_fork_server()  # its imports overlap the set-up below (if no command started it)
+    start_fork_server_for(configs, sweep.pool)  # imports beside the set-up (unless started)
     extra = swept_fields(sweep)
     versions = {
         dataset: (data_version if dataset == train.dataset and data_version else None)

@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from multiprocessing import forkserver, reduction
 from typing import IO
 
+from model.config import TrainConfig
+
 PRELOAD = ["tasks.training_imports", "tasks.train_worker"]
 _context = multiprocessing.get_context("forkserver")
 
@@ -31,6 +33,13 @@ def start_fork_server() -> None:
     """Start the server (it imports in the background); a no-op when it is running."""
     _context.set_forkserver_preload(PRELOAD)
     forkserver.ensure_running()
+
+
+def start_fork_server_for(configs: list[TrainConfig], pool: str | None) -> None:
+    """Start the server if this machine trains some of `configs` in single processes (not on a
+    work `pool`; a multi-worker configuration starts processes of its own)."""
+    if pool is None and any(config.workers == 1 for config in configs):
+        start_fork_server()
 
 
 @contextlib.contextmanager

@@ -120,8 +120,7 @@ def run_training_process(
             return events.result
         log_text = "\n".join(outcome.stderr)
         return {"status": "failed", "error": "; ".join(outcome.failures()), "log": log_text}
-    process = TrainingProcess(request.model_dump_json(), environment)
-    try:
+    with contextlib.closing(TrainingProcess(request.model_dump_json(), environment)) as process:
         try:
             for line in process.stdout:
                 events(line)
@@ -131,8 +130,6 @@ def run_training_process(
             raise
         process.log.seek(0)
         log_text = process.log.read()
-    finally:
-        process.close()
     if returncode == 0 and events.result is not None:
         return events.result
     return {"status": "failed", "error": _error_line(log_text, returncode), "log": log_text}

@@ -47,11 +47,9 @@ def _prepare_prefect(params: Params) -> None:
     from tasks.preflight import check_servers
 
     check_servers(params.tracking.tracking_uri)  # before the slow imports and any training
-    configs = expand(params.train, params.sweep)
-    if params.sweep.pool is None and any(config.workers == 1 for config in configs):
-        from tasks.fork_server import start_fork_server
+    from tasks.fork_server import start_fork_server_for
 
-        start_fork_server()
+    start_fork_server_for(expand(params.train, params.sweep), params.sweep.pool)
     import_tensorflow()
     from flows.temporary_server import start_owned_temporary_server
 
