@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 run: install
 	$(BIN)/towerbench pipeline --params params.yaml
 
+# Two workers, a file each at a time (module fixtures stay in one process), longest files first.
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 bench: install
 	$(BIN)/towerbench bench

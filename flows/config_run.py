@@ -24,6 +24,7 @@ from flows.pool_worker import DEVICES_ENV, PROJECT_ENV
 from model.errors import TowerbenchError
 from model.params import TrackingConfig
 from tasks.data_check import ensure_data
+from tasks.fork_server import start_fork_server_for
 from tasks.tracking import (
     ATTEMPT_TAG,
     DEVICES_TAG,
@@ -74,6 +75,7 @@ def train_config(request: WorkerRequest, name: str, attempt: int = 1) -> dict[st
     taken in the worker's project folder."""
     logger = get_run_logger()
     _end_with_the_worker()
+    start_fork_server_for([request.config], pool=None)  # imports beside the checks below
     tracking = TrackingConfig(tracking_uri=request.tracking_uri)
     run = client_for(tracking).get_run(request.run_id)
     earlier = run_outcome(run)
