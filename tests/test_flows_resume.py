@@ -128,7 +128,9 @@ def test_ctrl_c_then_a_kill_and_the_same_command_finishes_the_sweep_once(project
     first_done, (status, elapsed, stderr) = _start_and_stop_during(
         project, 2, lambda p: os.killpg(p.pid, signal.SIGINT)
     )
-    assert status == 130 and elapsed < 10, stderr[-2000:]
+    # Within 1 s on an idle machine; the interpreter's teardown alone took 6-8 s before the
+    # command skipped it (flows/cli.py).
+    assert status == 130 and elapsed < 5, stderr[-2000:]
     last = stderr.strip().splitlines()[-1]
     assert last == "towerbench sweep: interrupted; run the same command again to resume"
     every_run = client.search_runs([e.experiment_id for e in client.search_experiments()])
