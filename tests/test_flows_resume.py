@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGURATIONS = 2  # 2 towers x seeds 0, 1
-EPOCHS = 10
+EPOCHS = 4  # each stop comes right after an epoch's line, with epochs still to go
 
 
 def _sweep_command(root: Path) -> list[str]:

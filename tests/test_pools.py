@@ -70,7 +70,7 @@ def test_a_sweep_fans_out_over_two_workers_and_survives_losing_one(tmp_path: Pat
         by_pid = {process.pid: process for process in workers.values()}
         try:
             command = [str(BIN / "towerbench"), "sweep", "--dataset", "digits", "--towers", "1,2"]
-            command += ["--seeds", "0,1", "--epochs", "3", "--per-tower-batch", "32"]
+            command += ["--seeds", "0,1", "--epochs", "2", "--per-tower-batch", "32"]
             command += ["--pool", POOL, "--tracking-uri", tracking_uri, "--json"]
             with (
                 (tmp_path / "sweep.out").open("w") as out,
