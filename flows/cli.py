@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 RESUMABLE_COMMANDS = ("sweep", "pipeline")
 _FINAL_LINES: list[str] = []
-_COMMAND_STATUS: list[int] = []  # set by `run`, in the command's own process
+_command_status: int | None = None  # set by `run`, in the command's own process
 
 
 def _at_exit() -> None:
@@ -53,11 +53,11 @@ def _at_exit() -> None:
     one by one) would only add 3-6 s to every command and to a Ctrl-C."""
     for line in _FINAL_LINES:
         print(line, file=sys.stderr, flush=True)
-    if _COMMAND_STATUS:
+    if _command_status is not None:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(_COMMAND_STATUS[0])
+        os._exit(_command_status)
 
 
 # Registered before anything else's exit handler, so it runs after them all.
@@ -115,9 +115,9 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
 
 def run() -> None:
     """The `towerbench` command: `main()`, then exit once the exit handlers have run."""
-    status = main()
-    _COMMAND_STATUS.append(status)
-    sys.exit(status)
+    global _command_status
+    _command_status = main()
+    sys.exit(_command_status)
 
 
 if __name__ == "__main__":
