@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import sklearn
-from sklearn.datasets import load_digits
 
 from ingest.base import LoadedDataset
 from model.config import FetchConfig, PreprocessConfig
@@ -37,6 +35,9 @@ class DigitsSource:
     def fetch(self, config: FetchConfig, folder: Path) -> dict[str, Any]:
         if config.url is not None or config.md5 is not None:
             raise TowerbenchError("--url/--md5: digits is bundled with scikit-learn, not fetched")
+        import sklearn  # here: 2 s of imports that every process importing `ingest` would pay
+        from sklearn.datasets import load_digits
+
         bunch = load_digits()
         images = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)[..., np.newaxis]
         write_atomically(folder / _IMAGES, _npy_bytes(images))

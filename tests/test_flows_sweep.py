@@ -63,6 +63,13 @@ def prefect_api_url():
         yield PREFECT_API_URL.value()
 
 
+# `towerbench` (flows.cli.run) saying, as it exits, whether its own process imported TensorFlow.
+COMMAND_SAYING_ITS_IMPORTS = (
+    "import atexit, sys; from flows import cli; atexit.register(lambda: print("
+    "'tensorflow imported:', 'tensorflow' in sys.modules, file=sys.stderr)); cli.run()"
+)
+
+
 @pytest.fixture(scope="module")
 def finished_sweep(prefect_api_url, tmp_path_factory):
     """`towerbench sweep --params FILE --json` as a user runs it, in its own process, against
@@ -80,8 +87,8 @@ def finished_sweep(prefect_api_url, tmp_path_factory):
     options = ["--dataset=absent,tiny", "--towers=1,2", "--seeds=0", "--lr-scaling=linear"]
     options += ["--warmup-epochs=0", "--per-tower-batch=32", *training]
     completed = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "sweep", "--params", str(root / "params.yaml")]
-        + [*options, "--json"],
+        [sys.executable, "-c", COMMAND_SAYING_ITS_IMPORTS, "sweep"]
+        + ["--params", str(root / "params.yaml"), *options, "--json"],
         cwd=tmp_path_factory.mktemp("elsewhere"),
         env=dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=prefect_api_url),
         capture_output=True,
@@ -101,6 +108,14 @@ def test_json_is_the_whole_of_stdout_and_the_files_sections_are_used(finished_sw
     assert (root / "mlflow.db").is_file()
     assert f"MLflow parent run: {outcome['parent_run_id']}" in stderr
     assert stderr.count("Could not find cuda drivers") <= 1
+
+
+def test_the_sweeps_own_process_leaves_tensorflow_to_the_training_processes(
+    finished_sweep,
+) -> None:
+    """Importing it costs every command ~7 s of CPU that its training processes pay already."""
+    *_, stderr = finished_sweep
+    assert "tensorflow imported: False" in stderr, stderr[-3000:]
 
 
 def test_sweep_records_parent_and_one_nested_run_per_configuration(finished_sweep) -> None:

@@ -8,7 +8,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from flows.console import CommandResult, import_tensorflow
+from flows.console import CommandResult
 from flows.options import (
     add_json_option,
     add_model_options,
@@ -40,7 +40,8 @@ DEFAULT_PARAMS = Path("params.yaml")
 def _prepare_prefect(params: Params) -> None:
     """Servers checked (one line and exit 2 if one is down); then, when this machine trains the
     sweep, the training processes' fork server started (its imports overlap what follows); then
-    TensorFlow and Prefect's temporary server started as ours (when no API URL is set)."""
+    Prefect's temporary server started as ours (when no API URL is set). This process never
+    imports TensorFlow: training, preprocessing and evaluation run in processes of their own."""
     os.environ.setdefault(
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(EPHEMERAL_STARTUP_SECONDS)
     )
@@ -50,7 +51,6 @@ def _prepare_prefect(params: Params) -> None:
     from tasks.fork_server import start_fork_server_for
 
     start_fork_server_for(expand(params.train, params.sweep), params.sweep.pool)
-    import_tensorflow()
     from flows.temporary_server import start_owned_temporary_server
 
     start_owned_temporary_server(EPHEMERAL_STARTUP_SECONDS)
