@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -66,23 +66,26 @@ def stop(processes: list[subprocess.Popen], grace_seconds: float = 30) -> None:
 
 
 @contextmanager
-def prefect_server(folder: Path, environment: dict[str, str]) -> Iterator[str]:
-    """`prefect server start` with its home in `folder`; yields the API URL."""
+def prefect_server(folder: Path, environment: dict[str, str]) -> Iterator[Callable[[], str]]:
+    """`prefect server start` with its home in `folder` and `environment` pointed at it; yields
+    a function that waits until it answers and returns the API URL (it starts meanwhile)."""
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     environment.update(PREFECT_HOME=str(folder / "prefect-home"), PREFECT_API_URL=api)
     command = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     server = start(command, folder / "prefect-server.log", env=environment)
     try:
-        wait_until(
-            lambda: httpx.get(f"{api}/health", timeout=2).status_code == 200,
-            180,
-            "the Prefect server",
-            [server],
-        )
-        yield api
+        yield _answering(server, f"{api}/health", "the Prefect server", api)
     finally:
         stop([server])
+
+
+def _answering(server: subprocess.Popen, health: str, what: str, url: str) -> Callable[[], str]:
+    def ready() -> str:
+        wait_until(lambda: httpx.get(health, timeout=2).status_code == 200, 180, what, [server])
+        return url
+
+    return ready
 
 
 def _run_as_postgres_user(command: list[str]) -> None:
@@ -131,9 +134,12 @@ def postgres(password: str) -> Iterator[str]:
 
 
 @contextmanager
-def mlflow_server(folder: Path, backend_store_uri: str, password: str) -> Iterator[str]:
+def mlflow_server(
+    folder: Path, backend_store_uri: str, password: str
+) -> Iterator[Callable[[], str]]:
     """`towerbench tracking serve` on `backend_store_uri` (the database password in PGPASSWORD,
-    as the README says), artifacts in `folder`; yields its URL."""
+    as the README says), artifacts in `folder`; yields a function that waits until it answers
+    and returns its URL (it starts meanwhile)."""
     port = free_port()
     command = [str(BIN / "towerbench"), "tracking", "serve", "--port", str(port), "--workers", "1"]
     command += ["--backend-store-uri", backend_store_uri]
@@ -141,12 +147,6 @@ def mlflow_server(folder: Path, backend_store_uri: str, password: str) -> Iterat
     server = start(command, folder / "mlflow-server.log", env=dict(os.environ, PGPASSWORD=password))
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(
-            lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200,
-            180,
-            "the MLflow server",
-            [server],
-        )
-        yield url
+        yield _answering(server, f"{url}/health", "the MLflow server", url)
     finally:
         stop([server])

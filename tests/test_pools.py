@@ -53,11 +53,13 @@ def test_a_sweep_fans_out_over_two_workers_and_survives_losing_one(tmp_path: Pat
         write_digits(checkout / "data", train=300, test=100)
     environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
     environment.pop("MLFLOW_TRACKING_URI")
+    # The servers start side by side; the workers once Prefect answers, the sweep once MLflow does.
     with (
+        prefect_server(tmp_path, environment) as prefect_ready,
         postgres(PASSWORD) as database,
-        mlflow_server(tmp_path, database, PASSWORD) as tracking_uri,
-        prefect_server(tmp_path, environment),
+        mlflow_server(tmp_path, database, PASSWORD) as mlflow_ready,
     ):
+        prefect_ready()
         workers = {
             devices: start(
                 [str(BIN / "towerbench"), "worker", "--pool", POOL, "--devices", devices],
@@ -69,6 +71,7 @@ def test_a_sweep_fans_out_over_two_workers_and_survives_losing_one(tmp_path: Pat
         }
         by_pid = {process.pid: process for process in workers.values()}
         try:
+            tracking_uri = mlflow_ready()
             command = [str(BIN / "towerbench"), "sweep", "--dataset", "digits", "--towers", "1,2"]
             command += ["--seeds", "0,1", "--epochs", "2", "--per-tower-batch", "32"]
             command += ["--pool", POOL, "--tracking-uri", tracking_uri, "--json"]
