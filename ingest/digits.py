@@ -35,7 +35,8 @@ class DigitsSource:
     def fetch(self, config: FetchConfig, folder: Path) -> dict[str, Any]:
         if config.url is not None or config.md5 is not None:
             raise TowerbenchError("--url/--md5: digits is bundled with scikit-learn, not fetched")
-        import sklearn  # here: 2 s of imports that every process importing `ingest` would pay
+        # Imported here: 2 s that every process importing `ingest` would pay otherwise.
+        import sklearn
         from sklearn.datasets import load_digits
 
         bunch = load_digits()

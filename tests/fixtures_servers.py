@@ -75,12 +75,17 @@ def prefect_server(folder: Path, environment: dict[str, str]) -> Iterator[Callab
     command = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     server = start(command, folder / "prefect-server.log", env=environment)
     try:
-        yield _answering(server, f"{api}/health", "the Prefect server", api)
+        yield _ready_when_healthy(server, f"{api}/health", "the Prefect server", api)
     finally:
         stop([server])
 
 
-def _answering(server: subprocess.Popen, health: str, what: str, url: str) -> Callable[[], str]:
+def _ready_when_healthy(
+    server: subprocess.Popen, health: str, what: str, url: str
+) -> Callable[[], str]:
+    """A function that waits until `health` answers 200 (failing if `server` exits) and returns
+    `url`."""
+
     def ready() -> str:
         wait_until(lambda: httpx.get(health, timeout=2).status_code == 200, 180, what, [server])
         return url
@@ -147,6 +152,6 @@ def mlflow_server(
     server = start(command, folder / "mlflow-server.log", env=dict(os.environ, PGPASSWORD=password))
     url = f"http://127.0.0.1:{port}"
     try:
-        yield _answering(server, f"{url}/health", "the MLflow server", url)
+        yield _ready_when_healthy(server, f"{url}/health", "the MLflow server", url)
     finally:
         stop([server])

@@ -53,7 +53,8 @@ def test_a_sweep_fans_out_over_two_workers_and_survives_losing_one(tmp_path: Pat
         write_digits(checkout / "data", train=300, test=100)
     environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
     environment.pop("MLFLOW_TRACKING_URI")
-    # The servers start side by side; the workers once Prefect answers, the sweep once MLflow does.
+    # Prefect starts while PostgreSQL and MLflow do; the workers once it answers, the sweep once
+    # MLflow does.
     with (
         prefect_server(tmp_path, environment) as prefect_ready,
         postgres(PASSWORD) as database,

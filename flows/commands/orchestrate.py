@@ -75,7 +75,7 @@ def _training_overrides(args: argparse.Namespace) -> list[Override]:
 
 def _checked(params: Params) -> Params:
     """`params`, once an invalid combination of the sweep's lists is refused (here, before
-    Prefect and TensorFlow are loaded)."""
+    Prefect is loaded)."""
     expand(params.train, params.sweep)
     return params
 
