@@ -95,8 +95,10 @@ def interleaved(
 ) -> dict[Key, Timing]:
     """Call every run `warmup + repeats` times, one call of each per round; then, while some
     ratio of `pairs` (numerator, denominator) has a 95% interval wider than ± its precision and
-    these extra rounds have not yet taken `max_seconds`, more rounds of only the runs of those
-    ratios. (The first rounds' length depends on the machine; the cap is on what comes after.)
+    these extra rounds have not yet taken `max_seconds`, more rounds of only the two runs of the
+    ratio furthest from its precision, back to back: the cap's seconds go where they are short,
+    and no other run comes between a pair's two timings. (The first rounds' length depends on
+    the machine; the cap is on what comes after.)
 
     Each run measures itself and returns seconds per unit of work (a step, a product), so it can
     leave set-up it does not want timed out of the figure. Warm-up rounds absorb tracing, graph
@@ -108,14 +110,14 @@ def interleaved(
     precisions = pairs or {}
     seconds: dict[Key, list[float | None]] = {name: [] for name in runs}
 
-    def imprecise() -> list[Key]:
-        """The runs of every pair whose interval is still too wide."""
-        wide = [
-            (a, b)
+    def least_precise() -> list[Key]:
+        """The two runs of the pair whose interval is widest for its precision, if too wide."""
+        shortfall = {
+            (a, b): ratio_interval(seconds[a], seconds[b]).relative_half_width / precision
             for (a, b), precision in precisions.items()
-            if ratio_interval(seconds[a], seconds[b]).relative_half_width > precision
-        ]
-        return list(dict.fromkeys(name for pair in wide for name in pair))
+        }
+        pair = max(shortfall, key=shortfall.__getitem__, default=None)
+        return list(pair) if pair is not None and shortfall[pair] > 1 else []
 
     round_index = 0
     extra_started = 0.0
@@ -125,7 +127,7 @@ def interleaved(
         if round_index < warmup + repeats:
             chosen = list(runs)
         elif time.monotonic() - extra_started < max_seconds:
-            chosen = imprecise()
+            chosen = least_precise()
         else:
             chosen = []
         if not chosen:
