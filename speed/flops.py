@@ -1,15 +1,16 @@
 """Floating-point operations of a training step, counted analytically from the network's graph.
 
-We trace the forward pass once and read every convolution and matrix product with its static
-shapes (2 FLOPs per multiply-add). Backpropagation repeats each of them twice, once for the
-weight gradient and once for the gradient of its input, except where the input is the image
-batch itself: nothing needs that gradient, so TensorFlow prunes it. Element-wise work (bias,
-ReLU, LRN, pooling, softmax, the optimizer update) is left out: it is memory-bound, not
-matmul-class, and under 2% of the tutorial network's FLOPs
-(TensorFlow's profiler counts 0.3% for the element-wise ops it knows; LRN adds about 1.5%).
-The profiler (`tf.compat.v1.profiler`, float_operation) agrees on the forward ops but counts
-the pruned image gradient as executed (110.8 M instead of 105.3 M per example), which would
-overstate the achieved rate.
+We trace the forward pass once and read every convolution and matrix product of the network's
+weights with its static shapes (2 FLOPs per multiply-add). Backpropagation repeats each of them
+twice, once for the weight gradient and once for the gradient of its input, except where the
+input is the image batch itself: nothing needs that gradient, so TensorFlow prunes it.
+Element-wise work (bias, ReLU, LRN, pooling, softmax, the optimizer update) is left out, LRN's
+window sums too, though model/networks.py computes them as a product with a constant matrix: it
+is memory-bound, not matmul-class, and under 2% of the tutorial network's FLOPs (TensorFlow's
+profiler counts 0.3% for the element-wise ops it knows; LRN adds about 1.5%). The profiler
+(`tf.compat.v1.profiler`, float_operation) agrees on the forward ops but counts the pruned image
+gradient as executed (110.8 M instead of 105.3 M per example), which would overstate the
+achieved rate.
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ def _op_flops(op: tf.Operation) -> int:
     return 2 * int(np.prod(op.outputs[0].shape.as_list())) * inner
 
 
+def _multiplies_a_weight(op: tf.Operation) -> bool:
+    """Whether the op's second operand is a variable (through casts): a layer's kernel."""
+    source = op.inputs[1].op
+    while source.type in ("Cast", "Identity"):
+        source = source.inputs[0].op
+    return source.type == "ReadVariableOp"
+
+
 def _reaches(op: tf.Operation, targets: set[tf.Operation]) -> bool:
     """Whether any op in `targets` is upstream of `op`."""
     seen: set[tf.Operation] = set()
@@ -72,7 +81,9 @@ def count_step_flops(
         tf.TensorSpec([1, *example_shape], tf.float32)
     )
     counted = [
-        op for op in traced.graph.get_operations() if op.type in _CONVOLUTIONS | _MATRIX_PRODUCTS
+        op
+        for op in traced.graph.get_operations()
+        if op.type in _CONVOLUTIONS | _MATRIX_PRODUCTS and _multiplies_a_weight(op)
     ]
     if not counted:
         raise ValueError("the network has no convolution or matrix product to count")

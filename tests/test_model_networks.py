@@ -2,9 +2,11 @@
 
 import fixtures_model  # noqa: F401  (logical CPUs before TensorFlow starts)
 import keras
+import numpy as np
 import pytest
+import tensorflow as tf
 
-from model.networks import build_network
+from model.networks import LocalResponseNormalization, build_network
 
 
 def test_tutorial_has_the_tutorials_1068298_parameters_on_cifar10():
@@ -53,3 +55,26 @@ def test_tutorial_bn_replaces_each_lrn_by_batchnorm():
         "norm2",
     ]
     assert [v.path for v in network.decayed_variables] == ["local3/kernel", "local4/kernel"]
+
+
+@pytest.mark.parametrize(("depth_radius", "beta"), [(4, 0.75), (2, 0.5)])
+def test_lrn_layer_gives_tensorflows_lrn_values_and_gradients(depth_radius, beta):
+    """Channels at both edges of the window included; inputs large enough that the
+    normalisation changes them by a factor of 1.6-3."""
+    images = tf.constant(np.random.default_rng(0).normal(0, 30, (2, 3, 3, 16)), tf.float32)
+    layer = LocalResponseNormalization(depth_radius=depth_radius, beta=beta)
+
+    def with_gradient(function):
+        with tf.GradientTape() as tape:
+            tape.watch(images)
+            outputs = function(images)
+            loss = tf.reduce_sum(outputs * tf.range(1.0, 17.0))  # every channel weighted apart
+        return outputs.numpy(), tape.gradient(loss, images).numpy()
+
+    ours = with_gradient(layer)
+    reference = with_gradient(
+        lambda x: tf.nn.local_response_normalization(x, depth_radius, 1.0, 0.001 / 9.0, beta)
+    )
+    assert np.abs(images.numpy() / ours[0]).max() > 1.5
+    np.testing.assert_allclose(ours[0], reference[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours[1], reference[1], rtol=1e-4, atol=1e-5)
