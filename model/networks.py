@@ -31,7 +31,8 @@ class LocalResponseNormalization(keras.layers.Layer):
 
     the values of tf.nn.local_response_normalization. The window sums are one product with a
     banded channels x channels matrix, and beta = 0.75 (the tutorial's) is two reciprocal square
-    roots, not a power: forward and backward together about 2.7x faster than that op on a CPU.
+    roots, not a power: forward and backward together 3-4x faster than that op on the 2-core
+    AVX-512 CPU of docs/benchmarks.md, and a fifth off the tutorial's training step there.
     """
 
     def __init__(self, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75, **kwargs):
