@@ -25,7 +25,7 @@ from typing import IO
 
 from model.config import TrainConfig
 
-PRELOAD = ["tasks.training_imports", "tasks.train_worker"]
+PRELOAD = ["tasks.training_imports", "tasks.train_worker", "tasks.fork_server_exit"]
 _context = multiprocessing.get_context("forkserver")
 
 
