@@ -86,7 +86,7 @@ def test_a_script_without_a_main_guard_runs_once_and_its_server_ends_when_it_is_
         [server] = _fork_servers(psutil.Process(owner.pid))
         owner.send_signal(signal.SIGKILL)
         owner.wait(timeout=30)
-        # At once: without tasks/fork_server_exit.py it spent 2 s here (6-8 s on slower CPUs)
+        # At once: without tasks/fork_server_exit.py it spent 2 s or more (machine-dependent)
         # tearing down TensorFlow and MLflow after its owner had gone.
         deadline = time.monotonic() + 1
         while not _ended(server) and time.monotonic() < deadline:
