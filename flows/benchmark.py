@@ -7,8 +7,8 @@ from typing import Any
 
 from prefect import flow
 
-from flows.params import load
-from flows.pipeline import run_pipeline
+from towerbench.config.load import load
+from towerbench.flows.pipeline import run_pipeline
 
 
 @flow(name="benchmark")

@@ -20,12 +20,11 @@ from mlflow.entities import Run
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.pool_worker import DEVICES_ENV, PROJECT_ENV
-from model.errors import TowerbenchError
-from model.params import TrackingConfig
-from tasks.data_check import ensure_data
-from tasks.fork_server import start_fork_server_for
-from tasks.tracking import (
+from towerbench.config.params import TrackingConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.tasks.data_check import ensure_data
+from towerbench.tasks.fork_server import start_fork_server_for
+from towerbench.tasks.tracking import (
     ATTEMPT_TAG,
     DEVICES_TAG,
     DONE_STATUSES,
@@ -38,11 +37,15 @@ from tasks.tracking import (
     run_outcome,
     set_tags,
 )
-from tasks.train import checkpoint_dir, train_configuration
-from tasks.train_worker import WorkerRequest
+from towerbench.tasks.train import checkpoint_dir, train_configuration
+from towerbench.tasks.train_worker import WorkerRequest
 
 CONFIG_FLOW = "train-config"
 WORKER_ENV = "PREFECT__WORKER_NAME"  # set by Prefect's worker
+
+# Set by `towerbench worker` for the flow runs it starts (they inherit its environment).
+PROJECT_ENV = "TOWERBENCH_PROJECT"
+DEVICES_ENV = "TOWERBENCH_DEVICES"
 
 
 def deployment_name(pool: str) -> str:

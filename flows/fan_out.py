@@ -24,10 +24,10 @@ from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelling, Crashed
 
-from flows.config_run import deployment_name
-from model.errors import TowerbenchError
-from model.params import TrackingConfig
-from tasks.tracking import (
+from towerbench.config.params import TrackingConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.flows.config_run import deployment_name
+from towerbench.tasks.tracking import (
     ATTEMPT_TAG,
     DONE_STATUSES,
     client_for,
@@ -36,7 +36,7 @@ from tasks.tracking import (
     run_outcome,
     set_tags,
 )
-from tasks.train_worker import WorkerRequest
+from towerbench.tasks.train_worker import WorkerRequest
 
 MAX_ATTEMPTS = 3
 POLL_SECONDS = 2.0

@@ -7,16 +7,15 @@ from typing import Any
 
 from prefect import flow
 
-from flows.params import load
-from flows.run_form import DatasetChoice, SweepChoice, form_overrides
-from flows.sweep import FlowKind, sweep_params
-from ingest import dataset_name
-from model.config import TrainConfig
-from model.errors import TowerbenchError
-from model.params import Params
-from tasks.fetch import fetch_task
-from tasks.preprocess import preprocess_task
-from tasks.report import publish_artifact
+from towerbench.config.load import load
+from towerbench.config.params import Params
+from towerbench.config.run_form import DatasetChoice, SweepChoice, form_overrides
+from towerbench.config.sections import TrainConfig, dataset_name
+from towerbench.core.errors import TowerbenchError
+from towerbench.flows.sweep import FlowKind, sweep_params
+from towerbench.tasks.fetch import fetch_task
+from towerbench.tasks.preprocess import preprocess_task
+from towerbench.tasks.report import publish_artifact
 
 
 def check_trains_on_fetched_data(params: Params) -> None:

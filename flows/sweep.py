@@ -24,16 +24,16 @@ from prefect.artifacts import (
 )
 from prefect.exceptions import TerminationSignal
 
-from model.config import DataConfig, TrainConfig
-from model.errors import TowerbenchError
-from model.params import Params, ReportConfig, SweepGrid, TrackingConfig
-from model.sweep import expand, group_name, run_name, swept_fields
-from tasks.data_check import manifest_digest
-from tasks.fork_server import start_fork_server_for
-from tasks.report import make_report
-from tasks.tracking import (
+from towerbench.config.grid import expand, group_name, run_name, swept_fields
+from towerbench.config.params import Params, ReportConfig, SweepGrid, TrackingConfig
+from towerbench.config.sections import DataConfig, TrainConfig
+from towerbench.config.tracking_uri import PROJECT_DIR, resolve_tracking
+from towerbench.core.errors import TowerbenchError
+from towerbench.tasks.data_check import manifest_digest
+from towerbench.tasks.fork_server import start_fork_server_for
+from towerbench.tasks.report import make_report
+from towerbench.tasks.tracking import (
     DONE_STATUSES,
-    PROJECT_DIR,
     STATUS_TAG,
     config_key,
     create_config_run,
@@ -41,7 +41,6 @@ from tasks.tracking import (
     experiment_name,
     finish_sweep_run,
     reopen_run,
-    resolve_tracking,
     run_outcome,
     run_url,
     start_sweep_run,
@@ -49,8 +48,8 @@ from tasks.tracking import (
     sweep_key,
     unfinished_sweep,
 )
-from tasks.train import checkpoint_dir, train_configuration
-from tasks.train_worker import WorkerRequest
+from towerbench.tasks.train import checkpoint_dir, train_configuration
+from towerbench.tasks.train_worker import WorkerRequest
 
 FlowKind = Literal["sweep", "pipeline", "benchmark"]
 
@@ -113,7 +112,7 @@ def _train_on_pool(
     progress: UUID,
 ) -> dict[int, dict[str, Any]]:
     """The configurations as flow runs of `pool`'s workers; index -> summary."""
-    from flows.fan_out import Job, run_on_pool
+    from towerbench.flows.fan_out import Job, run_on_pool
 
     if not (tracking.tracking_uri or "").startswith(("http://", "https://")):
         get_run_logger().warning(
@@ -236,7 +235,7 @@ def sweep(
                 request = open_run(name, config, earlier)
                 by_index[index] = _train_here(request, name, tracking, progress, span)
         else:
-            from flows.fan_out import check_served
+            from towerbench.flows.fan_out import check_served
 
             check_served(sweep.pool)  # before any run is opened
             jobs = [(i, name, open_run(name, c, earlier)) for i, name, c, earlier in pending]

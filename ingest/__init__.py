@@ -9,13 +9,16 @@ previous version of its output, if any, as it was. A full disk is one line namin
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from ingest.base import Source
-from ingest.cifar import CIFAR10, CIFAR100, CifarSource
-from ingest.digits import DigitsSource
-from ingest.imagefolder import ImageFolderSource
-from ingest.layout import (
+from towerbench.config.sections import FetchConfig, PreprocessConfig, dataset_name
+from towerbench.core.errors import TowerbenchError
+from towerbench.core.files import replace_folder, space_errors
+from towerbench.ingest.base import Source
+from towerbench.ingest.cifar import CIFAR10, CIFAR100, CifarSource
+from towerbench.ingest.digits import DigitsSource
+from towerbench.ingest.imagefolder import ImageFolderSource
+from towerbench.ingest.layout import (
     discard_staging,
     ensure_writable,
     link_previous,
@@ -24,11 +27,8 @@ from ingest.layout import (
     staging_dir,
     write_source_record,
 )
-from ingest.write_records import write_dataset
-from model.config import FetchConfig, PreprocessConfig
-from model.errors import TowerbenchError
-from model.files import replace_folder, space_errors
-from model.tfrecords import Manifest, dataset_dir
+from towerbench.ingest.write_records import write_dataset
+from towerbench.model.tfrecords import Manifest, dataset_dir
 
 SOURCES: dict[str, Source] = {
     "digits": DigitsSource(),
@@ -43,15 +43,6 @@ def source_for(name: str) -> Source:
     if name not in SOURCES:
         raise TowerbenchError(f"unknown dataset {name!r} (choose from {', '.join(SOURCES)})")
     return SOURCES[name]
-
-
-def dataset_name(config: FetchConfig) -> str:
-    """Where `config`'s data is stored: its name, the imagefolder's stem, or the source name."""
-    if config.name is not None:
-        return config.name
-    if config.source == "imagefolder" and config.url:
-        return PurePosixPath(config.url.rstrip("/")).stem
-    return config.source
 
 
 def fetch(config: FetchConfig, data_dir: Path) -> Path:

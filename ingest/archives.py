@@ -14,7 +14,7 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from model.errors import TowerbenchError
+from towerbench.core.errors import TowerbenchError
 
 
 def _check_member_path(archive: Path, name: str) -> None:

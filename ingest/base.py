@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from model.config import FetchConfig, PreprocessConfig
+from towerbench.config.sections import FetchConfig, PreprocessConfig
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from ingest.archives import read_tar
-from ingest.base import LoadedDataset
-from ingest.download import fetch_file, file_md5
-from ingest.write_records import write_dataset
-from model.config import FetchConfig, PreprocessConfig
-from model.errors import TowerbenchError
-from model.tfrecords import Manifest
+from towerbench.config.sections import FetchConfig, PreprocessConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.ingest.archives import read_tar
+from towerbench.ingest.base import LoadedDataset
+from towerbench.ingest.download import fetch_file, file_md5
+from towerbench.ingest.write_records import write_dataset
+from towerbench.model.tfrecords import Manifest
 
 _SIDE = 32
 _PIXELS = 3 * _SIDE * _SIDE

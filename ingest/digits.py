@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from ingest.base import LoadedDataset
-from model.config import FetchConfig, PreprocessConfig
-from model.errors import TowerbenchError
-from model.files import write_atomically
+from towerbench.config.sections import FetchConfig, PreprocessConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.core.files import write_atomically
+from towerbench.ingest.base import LoadedDataset
 
 _IMAGES = "images.npy"
 _LABELS = "labels.npy"

@@ -22,8 +22,8 @@ from urllib.parse import unquote, urlparse
 import httpx
 from tqdm import tqdm
 
-from model.errors import TowerbenchError
-from model.files import space_errors
+from towerbench.core.errors import TowerbenchError
+from towerbench.core.files import space_errors
 
 _CHUNK = 1 << 20
 _TIMEOUT_SECONDS = 30.0

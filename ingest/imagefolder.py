@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from ingest.archives import check_zip
-from ingest.base import LoadedDataset
-from ingest.download import fetch_file, local_path
-from model.config import FetchConfig, PreprocessConfig
-from model.errors import TowerbenchError
-from model.files import is_no_space, no_space_error
+from towerbench.config.sections import FetchConfig, PreprocessConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.core.files import is_no_space, no_space_error
+from towerbench.ingest.archives import check_zip
+from towerbench.ingest.base import LoadedDataset
+from towerbench.ingest.download import fetch_file, local_path
 
 _COPIED_FOLDER = "images"
 _FORMATS = ("JPEG", "PNG")

@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from model.errors import TowerbenchError
-from model.files import write_atomically
+from towerbench.core.errors import TowerbenchError
+from towerbench.core.files import write_atomically
 
 SOURCE_RECORD = "source.json"
 PARTIAL_SUFFIX = ".part"

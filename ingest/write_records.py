@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from model.files import replace_folder, space_errors
-from model.tfrecords import MANIFEST_NAME, Manifest, ShardFile, SplitInfo
+from towerbench.core.files import replace_folder, space_errors
+from towerbench.model.tfrecords import MANIFEST_NAME, Manifest, ShardFile, SplitInfo
 
 # Images are summarised in chunks so mean/std never materialise a float copy of the dataset.
 _STATS_CHUNK = 4096

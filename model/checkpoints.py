@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from model.config import TrainConfig
-from model.errors import TowerbenchError
-from model.files import write_atomically
-from model.records import EpochRecord
+from towerbench.config.sections import TrainConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.core.files import write_atomically
+from towerbench.model.records import EpochRecord
 
 if TYPE_CHECKING:
-    from model.towers import TowerTrainer
+    from towerbench.model.towers import TowerTrainer
 
 CONFIG_FILE = "train_config.json"
 HISTORY_FILE = "history.json"

@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from model.errors import TowerbenchError
+from towerbench.core.errors import TowerbenchError
 
 TF_CONFIG = "TF_CONFIG"
 # Far from the keys tf.distribute assigns (which start at 1), one per kind of collective.

@@ -17,7 +17,7 @@ from typing import Literal
 
 import tensorflow as tf
 
-from model.errors import TowerbenchError
+from towerbench.core.errors import TowerbenchError
 
 DeviceKind = Literal["physical GPU", "logical GPU", "logical CPU"]
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from model.input_pipeline import evaluation_dataset
+from towerbench.model.input_pipeline import evaluation_dataset
 
 EVAL_BATCH = 500
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from model.cluster import Cluster, join
-from model.devices import TowerDevices, configure_tower_devices, split_tower_devices
-from model.errors import TowerbenchError
-from model.precision import Precision
+from towerbench.core.errors import TowerbenchError
+from towerbench.model.cluster import Cluster, join
+from towerbench.model.devices import TowerDevices, configure_tower_devices, split_tower_devices
+from towerbench.model.precision import Precision
 
 GRADCHECK_LR = 0.1
 NUM_CLASSES = 10
@@ -48,7 +48,7 @@ class _Problem:
 
     def network(self):
         """The network at the initial weights."""
-        from model.networks import build_network
+        from towerbench.model.networks import build_network
 
         shape = self.images.shape[1:]
         network = build_network(self.model, shape, NUM_CLASSES, self.seed, self.precision)
@@ -104,7 +104,7 @@ def _tower_run(
     import keras
     import tensorflow as tf
 
-    from model.towers import TowerTrainer
+    from towerbench.model.towers import TowerTrainer
 
     with tf.device(devices.parameter_device):
         network = problem.network()
@@ -263,8 +263,8 @@ def run_gradcheck(
     devices = configure_tower_devices(towers, workers=cluster.workers)
     import tensorflow as tf
 
-    from model.config import TrainConfig
-    from model.networks import build_network
+    from towerbench.config.sections import TrainConfig
+    from towerbench.model.networks import build_network
 
     weight_decay = TrainConfig(model=model, dataset="gradcheck").weight_decay
     shape = INPUT_SHAPES[model]

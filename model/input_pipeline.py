@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from model.tfrecords import decode_example
+from towerbench.model.tfrecords import decode_example
 
 AUTOTUNE = tf.data.AUTOTUNE
 # Records held by the shuffle buffer: the whole training set up to this size (uniform shuffle).

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-from model.precision import Precision, layers_in
+from towerbench.model.precision import Precision, layers_in
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from model.config import TrainConfig
+from towerbench.config.sections import TrainConfig
 
 # Field metadata: how a final metric is logged to MLflow (fields without it are not logged from
 # here: `global_batch` is already a config param, `unstable` is a tag).

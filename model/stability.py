@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from model.records import EpochRecord
+from towerbench.model.records import EpochRecord
 
 # A run is unstable when an epoch's mean training cross-entropy rises above chance level by this
 # factor, or when its loss did not fall and it ends within this factor of chance accuracy.

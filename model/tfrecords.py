@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from model.errors import TowerbenchError
+from towerbench.core.errors import TowerbenchError
 
 if TYPE_CHECKING:  # TensorFlow loads only when records are read or written, not for manifests
     import tensorflow as tf

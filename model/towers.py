@@ -25,11 +25,11 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from model.cluster import STEP_INSTANCE_KEY, Cluster, sum_over_workers
-from model.devices import TowerDevices
-from model.networks import Network
-from model.noise_scale import NoiseScaleEstimator
-from model.precision import LossScale, Precision
+from towerbench.model.cluster import STEP_INSTANCE_KEY, Cluster, sum_over_workers
+from towerbench.model.devices import TowerDevices
+from towerbench.model.networks import Network
+from towerbench.model.noise_scale import NoiseScaleEstimator
+from towerbench.model.precision import LossScale, Precision
 
 
 def shard_sizes(batch: int, towers: int) -> list[int]:

@@ -23,23 +23,23 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from model.clock import Clock
-from model.cluster import Cluster, broadcast_from_chief, collective_failure, join
-from model.config import TrainConfig
-from model.devices import TowerDevices, configure_tower_devices, split_tower_devices
-from model.errors import TowerbenchError
-from model.records import EpochRecord, FinalMetrics, TrainResult, last_losses
-from model.stability import diverged, instability
-from model.training_data import load_training_data
+from towerbench.config.sections import TrainConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.model.clock import Clock
+from towerbench.model.cluster import Cluster, broadcast_from_chief, collective_failure, join
+from towerbench.model.devices import TowerDevices, configure_tower_devices, split_tower_devices
+from towerbench.model.records import EpochRecord, FinalMetrics, TrainResult, last_losses
+from towerbench.model.stability import diverged, instability
+from towerbench.model.training_data import load_training_data
 
 if TYPE_CHECKING:  # _set_up imports these: Keras and the graph builders load when training starts
-    from model.checkpoints import Checkpoints
-    from model.evaluation import Evaluator
-    from model.input_pipeline import Distortions, EpochPlan
-    from model.networks import Network
-    from model.schedules import EpochSchedule
-    from model.tfrecords import Manifest
-    from model.towers import TowerTrainer
+    from towerbench.model.checkpoints import Checkpoints
+    from towerbench.model.evaluation import Evaluator
+    from towerbench.model.input_pipeline import Distortions, EpochPlan
+    from towerbench.model.networks import Network
+    from towerbench.model.schedules import EpochSchedule
+    from towerbench.model.tfrecords import Manifest
+    from towerbench.model.towers import TowerTrainer
 
 ProgressCallback = Callable[[dict[str, float]], None]
 EpochCallback = Callable[[EpochRecord], None]
@@ -124,12 +124,12 @@ def _set_up(
     import keras
     import tensorflow as tf
 
-    from model.checkpoints import Checkpoints, state_variables, training_state
-    from model.evaluation import Evaluator
-    from model.input_pipeline import Distortions, EpochPlan, network_input_shape
-    from model.networks import build_network
-    from model.schedules import StepSchedule, schedule_from_config
-    from model.towers import TowerTrainer
+    from towerbench.model.checkpoints import Checkpoints, state_variables, training_state
+    from towerbench.model.evaluation import Evaluator
+    from towerbench.model.input_pipeline import Distortions, EpochPlan, network_input_shape
+    from towerbench.model.networks import build_network
+    from towerbench.model.schedules import StepSchedule, schedule_from_config
+    from towerbench.model.towers import TowerTrainer
 
     plan = EpochPlan(
         manifest.splits["train"].examples, config.global_batch, config.replicas, config.workers
@@ -211,7 +211,7 @@ def _cluster(config: TrainConfig) -> Cluster:
 def _train_one_epoch(run: _Run, on_progress: ProgressCallback | None) -> EpochRecord:
     """The rest of the current epoch (all of it unless resumed mid-epoch), stopping early at the
     run's last step or when the loss diverges; then the epoch's record."""
-    from model.input_pipeline import train_dataset
+    from towerbench.model.input_pipeline import train_dataset
 
     epoch_index, start = divmod(run.step, run.plan.steps)
     batches = train_dataset(
@@ -286,7 +286,7 @@ def _evaluation_due(run: _Run) -> bool:
 
 def _test_metrics(run: _Run) -> dict[str, float]:
     """Test accuracy and cross-entropy of the raw weights, test accuracy of their average."""
-    from model.evaluation import accuracy
+    from towerbench.model.evaluation import accuracy
 
     run.last_eval_epoch = run.epoch
     run.confusion, test_cross_entropy = run.evaluator.evaluate(run.trainer.trainable)
@@ -316,7 +316,7 @@ def _finish(run: _Run) -> TrainResult:
 
 def _final_metrics(run: _Run, confusion: np.ndarray) -> FinalMetrics:
     """Final accuracies, steady-state speed, where the run ran, its last losses and stability."""
-    from model.evaluation import accuracy
+    from towerbench.model.evaluation import accuracy
 
     ema_accuracies = [record.ema_test_accuracy for record in run.history]
     ema_accuracy = next((a for a in reversed(ema_accuracies) if not math.isnan(a)), None)

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model.config import TrainConfig
-from model.errors import TowerbenchError
+from towerbench.config.sections import TrainConfig
+from towerbench.core.errors import TowerbenchError
 
 if TYPE_CHECKING:  # model.tfrecords imports TensorFlow
-    from model.tfrecords import Manifest
+    from towerbench.model.tfrecords import Manifest
 
 
 def check_config_against_data(config: TrainConfig, manifest: Manifest) -> None:
@@ -41,7 +41,7 @@ def load_training_data(
 ) -> tuple[Manifest, list[str], list[str]]:
     """The manifest and the train and test files of DATA_DIR/tfrecords/<dataset>, checked
     against `config`."""
-    from model.tfrecords import MANIFEST_NAME, dataset_dir, load_manifest, split_files
+    from towerbench.model.tfrecords import MANIFEST_NAME, dataset_dir, load_manifest, split_files
 
     folder = dataset_dir(data_dir, config.dataset)
     if not (folder / MANIFEST_NAME).is_file():

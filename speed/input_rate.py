@@ -6,10 +6,10 @@ import itertools
 from collections.abc import Callable
 from pathlib import Path
 
-from model.config import TrainConfig
-from model.input_pipeline import Distortions, EpochPlan, train_dataset
-from model.tfrecords import load_manifest, split_files
-from speed.timing import time_once
+from towerbench.config.sections import TrainConfig
+from towerbench.model.input_pipeline import Distortions, EpochPlan, train_dataset
+from towerbench.model.tfrecords import load_manifest, split_files
+from towerbench.speed.timing import time_once
 
 
 def pipeline_runner(

@@ -14,9 +14,9 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from model.config import TrainConfig
-from model.networks import build_network
-from speed.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES, synthetic_batch
+from towerbench.config.sections import TrainConfig
+from towerbench.model.networks import build_network
+from towerbench.speed.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES, synthetic_batch
 
 
 class _StepClock(keras.callbacks.Callback):

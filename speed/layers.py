@@ -14,10 +14,10 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from model.config import TrainConfig
-from model.networks import build_network
-from speed.timing import time_once
-from speed.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES
+from towerbench.config.sections import TrainConfig
+from towerbench.model.networks import build_network
+from towerbench.speed.timing import time_once
+from towerbench.speed.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES
 
 
 def _layer_runner(

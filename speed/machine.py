@@ -10,7 +10,7 @@ from typing import Any
 import psutil
 import tensorflow as tf
 
-from model.devices import TowerDevices
+from towerbench.model.devices import TowerDevices
 
 
 def cpu_model() -> str:

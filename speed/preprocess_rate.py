@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ingest.cifar import CIFAR10, convert_archive
-from speed.timing import time_once
+from towerbench.ingest.cifar import CIFAR10, convert_archive
+from towerbench.speed.timing import time_once
 
 CIFAR10_CLASSES = (
     "airplane",

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from speed.timing import time_once
+from towerbench.speed.timing import time_once
 
 ROOFLINE_SIZES = (2048, 4096)
 

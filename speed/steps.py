@@ -9,12 +9,12 @@ from dataclasses import replace
 import keras
 import tensorflow as tf
 
-from model.config import TrainConfig
-from model.devices import TowerDevices
-from model.networks import build_network
-from model.schedules import StepSchedule, schedule_from_config
-from model.towers import TowerTrainer
-from speed.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES, synthetic_batch
+from towerbench.config.sections import TrainConfig
+from towerbench.model.devices import TowerDevices
+from towerbench.model.networks import build_network
+from towerbench.model.schedules import StepSchedule, schedule_from_config
+from towerbench.model.towers import TowerTrainer
+from towerbench.speed.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES, synthetic_batch
 
 # CIFAR-10's 50,000 training images at the tutorial's batch: only the schedule's shape uses it.
 STEPS_PER_EPOCH = 390

@@ -12,20 +12,20 @@ from typing import Any
 
 import numpy as np
 
-from ingest.write_records import write_dataset
-from model.config import PreprocessConfig, TrainConfig
-from model.devices import TowerDevices
-from model.networks import build_network
-from speed.flops import count_step_flops
-from speed.input_rate import pipeline_runner
-from speed.keras_peer import keras_mirrored_runner
-from speed.layers import layer_runners
-from speed.preprocess_rate import preprocess_runner, write_random_cifar10_archive
-from speed.roofline import matmul_flops, matmul_runner
-from speed.settings import BenchSettings
-from speed.steps import tower_step_runner
-from speed.timing import interleaved
-from speed.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES
+from towerbench.config.sections import PreprocessConfig, TrainConfig
+from towerbench.ingest.write_records import write_dataset
+from towerbench.model.devices import TowerDevices
+from towerbench.model.networks import build_network
+from towerbench.speed.flops import count_step_flops
+from towerbench.speed.input_rate import pipeline_runner
+from towerbench.speed.keras_peer import keras_mirrored_runner
+from towerbench.speed.layers import layer_runners
+from towerbench.speed.preprocess_rate import preprocess_runner, write_random_cifar10_archive
+from towerbench.speed.roofline import matmul_flops, matmul_runner
+from towerbench.speed.settings import BenchSettings
+from towerbench.speed.steps import tower_step_runner
+from towerbench.speed.timing import interleaved
+from towerbench.speed.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES
 
 StepKey = tuple[str, int, int]  # (runner, towers, global batch)
 

@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from speed.roofline import matmul_flops
-from speed.timing import RatioInterval, ratio_interval
+from towerbench.speed.roofline import matmul_flops
+from towerbench.speed.timing import RatioInterval, ratio_interval
 
 # A 2-minute training run: the length orchestration overhead is a share of (issue 5).
 REFERENCE_RUN_SECONDS = 120.0

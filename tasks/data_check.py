@@ -14,9 +14,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from model.errors import TowerbenchError
-from model.tfrecords import dataset_dir
-from tasks.dvc_stages import (
+from towerbench.core.errors import TowerbenchError
+from towerbench.model.tfrecords import dataset_dir
+from towerbench.tasks.dvc_stages import (
     FORM_DATASETS,
     PREPROCESS_STAGE,
     STAGES_FILE,

@@ -19,10 +19,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ingest import dataset_name
-from model.config import DataConfig, FetchConfig, PreprocessConfig
-from model.errors import TowerbenchError
-from model.files import write_atomically
+from towerbench.config.sections import DataConfig, FetchConfig, PreprocessConfig, dataset_name
+from towerbench.core.errors import TowerbenchError
+from towerbench.core.files import write_atomically
 
 FETCH_STAGE = "fetch"
 PREPROCESS_STAGE = "preprocess"

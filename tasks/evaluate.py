@@ -18,8 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import numpy as np  # noqa: E402
 
-from model.records import EpochRecord  # noqa: E402
-from model.tfrecords import dataset_dir, load_manifest  # noqa: E402
+from towerbench.model.records import EpochRecord  # noqa: E402
+from towerbench.model.tfrecords import dataset_dir, load_manifest  # noqa: E402
 
 MODEL_NAME = "model"
 
@@ -81,7 +81,7 @@ def log_model(model: Any) -> str:
 def log_evaluation(result: Any) -> None:
     """Log curves, and unless the run diverged (no meaningful model), the confusion matrix, the
     model and the gradcheck."""
-    from model.gradcheck import run_gradcheck
+    from towerbench.model.gradcheck import run_gradcheck
 
     config = result.config
     mlflow.log_figure(learning_curves_figure(result.history), "learning_curves.png")

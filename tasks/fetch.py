@@ -7,8 +7,14 @@ from pathlib import Path
 from prefect import Task, task
 from prefect.client.schemas.objects import State, TaskRun
 
-from model.config import FetchConfig, PreprocessConfig
-from tasks.dvc_stages import FETCH_STAGE, DataStages, StageError, data_stages, repro_stage
+from towerbench.config.sections import FetchConfig, PreprocessConfig
+from towerbench.tasks.dvc_stages import (
+    FETCH_STAGE,
+    DataStages,
+    StageError,
+    data_stages,
+    repro_stage,
+)
 
 RETRY_DELAYS_SECONDS = [10, 60]
 

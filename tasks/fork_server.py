@@ -23,9 +23,13 @@ from collections.abc import Iterator
 from multiprocessing import forkserver, reduction
 from typing import IO
 
-from model.config import TrainConfig
+from towerbench.config.sections import TrainConfig
 
-PRELOAD = ["tasks.training_imports", "tasks.train_worker", "tasks.fork_server_exit"]
+PRELOAD = [
+    "towerbench.tasks.training_imports",
+    "towerbench.tasks.train_worker",
+    "towerbench.tasks.fork_server_exit",
+]
 _context = multiprocessing.get_context("forkserver")
 
 
@@ -76,7 +80,7 @@ class TrainingProcess:
     lines, its stderr kept in `log`, and `subprocess.Popen`'s poll, wait, terminate and kill."""
 
     def __init__(self, request_json: str, environment: dict[str, str]):
-        from tasks.train_worker import forked_main
+        from towerbench.tasks.train_worker import forked_main
 
         start_fork_server()
         self.log: IO[str] = tempfile.TemporaryFile("w+")
@@ -104,7 +108,7 @@ class TrainingProcess:
     def wait(self, timeout: float | None = None) -> int:
         self.process.join(timeout)
         if self.process.exitcode is None:
-            raise subprocess.TimeoutExpired("tasks.train_worker", timeout or 0)
+            raise subprocess.TimeoutExpired("towerbench.tasks.train_worker", timeout or 0)
         return self.process.exitcode
 
     def terminate(self) -> None:

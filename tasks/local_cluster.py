@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from model.cluster import TF_CONFIG, local_tf_configs
+from towerbench.model.cluster import TF_CONFIG, local_tf_configs
 
 LAUNCHER_PID = "TOWERBENCH_LAUNCHER_PID"
 # How long a stopped worker has to exit (the chief marks its MLflow run) before it is killed.

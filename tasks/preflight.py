@@ -12,7 +12,7 @@ import time
 
 import httpx
 
-from model.errors import TowerbenchError
+from towerbench.core.errors import TowerbenchError
 
 # MLflow retries a failed request 7 times with exponential backoff (about 4 minutes) and waits
 # up to 120 s for each answer, so a tracking server that dies mid-sweep would hang the sweep and

@@ -9,7 +9,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,8 @@ from mlflow.entities import Param, Run, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from model.config import TrainConfig
-from model.errors import TowerbenchError
-from model.params import TrackingConfig
-
-PROJECT_DIR = Path(__file__).resolve().parents[1]
+from towerbench.config.params import TrackingConfig
+from towerbench.config.sections import TrainConfig
 
 KIND_TAG = "towerbench.kind"  # "sweep" on parent runs, "config" on each configuration's run
 FLOW_TAG = "towerbench.flow"  # which flow made a sweep: "sweep", "pipeline" or "benchmark"
@@ -50,34 +46,6 @@ TRAINING_VIEW = "?workflowType=machine_learning"
 
 # SQLite stores this process found complete (a created schema never becomes incomplete again).
 _READY_STORES: set[str] = set()
-
-
-def resolve_tracking(tracking: TrackingConfig, base_dir: Path | None = None) -> TrackingConfig:
-    """The same settings with an absolute tracking URI and artifact root.
-
-    Order: the given URI, then MLFLOW_TRACKING_URI, then `<base_dir or project>/mlflow.db`. A
-    relative SQLite path is taken relative to `base_dir` (default: the current directory), because
-    a served deployment runs its flows from another working directory.
-    """
-    uri = (
-        tracking.tracking_uri
-        or os.environ.get("MLFLOW_TRACKING_URI")
-        or f"sqlite:///{(base_dir or PROJECT_DIR) / 'mlflow.db'}"
-    )
-    artifact_root = tracking.artifact_root
-    if uri.startswith("sqlite:///"):
-        database = Path(uri.removeprefix("sqlite:///")).expanduser()
-        if not database.is_absolute():
-            database = (base_dir or Path.cwd()) / database
-        database = database.resolve()
-        uri = f"sqlite:///{database}"
-        artifact_root = artifact_root or (database.parent / "mlartifacts").as_uri()
-    elif "://" not in uri:
-        raise TowerbenchError(
-            f"tracking_uri: {uri!r} is not a URI (use sqlite:///path/to/mlflow.db or "
-            "http://host:port)"
-        )
-    return tracking.model_copy(update={"tracking_uri": uri, "artifact_root": artifact_root})
 
 
 def ensure_store(tracking_uri: str) -> None:

@@ -23,13 +23,13 @@ from prefect import get_run_logger, task
 from prefect.artifacts import update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from model.errors import TowerbenchError
-from model.params import TrackingConfig
-from model.tfrecords import dataset_dir, load_manifest
-from tasks.fork_server import TrainingProcess
-from tasks.local_cluster import last_error, run_local_cluster
-from tasks.tracking import mark_failed, mark_killed
-from tasks.train_worker import EVENT_PREFIX, WorkerRequest
+from towerbench.config.params import TrackingConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.model.tfrecords import dataset_dir, load_manifest
+from towerbench.tasks.fork_server import TrainingProcess
+from towerbench.tasks.local_cluster import last_error, run_local_cluster
+from towerbench.tasks.tracking import mark_failed, mark_killed
+from towerbench.tasks.train_worker import EVENT_PREFIX, WorkerRequest
 
 
 def _error_line(log_text: str, returncode: int) -> str:
@@ -42,7 +42,7 @@ def _error_line(log_text: str, returncode: int) -> str:
 
 
 # A worker of a multi-worker configuration: a process of its own, the request on its stdin.
-WORKER_COMMAND = [sys.executable, "-m", "tasks.train_worker"]
+WORKER_COMMAND = [sys.executable, "-m", "towerbench.tasks.train_worker"]
 CHECKPOINTS = "checkpoints"  # under the data dir, one folder per MLflow run
 
 

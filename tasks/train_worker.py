@@ -25,13 +25,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from model import cluster
-from model.config import TrainConfig
-from model.errors import TowerbenchError
-from model.params import TrackingConfig
-from model.records import EpochRecord, finite_numbers
-from tasks.local_cluster import end_with_launcher
-from tasks.preflight import bound_mlflow_http
+from towerbench.config.params import TrackingConfig
+from towerbench.config.sections import TrainConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.model import cluster
+from towerbench.model.records import EpochRecord, finite_numbers
+from towerbench.tasks.local_cluster import end_with_launcher
+from towerbench.tasks.preflight import bound_mlflow_http
 
 EVENT_PREFIX = "@@towerbench "
 PROGRESS_INTERVAL_SECONDS = 1.0
@@ -86,9 +86,9 @@ def run(request: WorkerRequest) -> dict[str, Any]:
     import mlflow
     import tensorflow as tf
 
-    from model.training import train
-    from tasks import evaluate
-    from tasks.tracking import STATUS_TAG, UNSTABLE_TAG
+    from towerbench.model.training import train
+    from towerbench.tasks import evaluate
+    from towerbench.tasks.tracking import STATUS_TAG, UNSTABLE_TAG
 
     config = request.config
     mlflow.log_param("tensorflow_version", tf.__version__)
@@ -137,7 +137,7 @@ def _end_with_the_sweep(request: WorkerRequest, sweep_process: int) -> None:
     for resume."""
 
     def stop(reason: str) -> None:
-        from tasks.tracking import mark_killed
+        from towerbench.tasks.tracking import mark_killed
 
         print(f"error: {reason}", file=sys.stderr, flush=True)
         try:
@@ -182,7 +182,7 @@ def _train_and_log(request: WorkerRequest, sweep_process: int) -> int:
     """Train in the MLflow run the sweep made for `request`; its exit status."""
     if not cluster.Cluster.from_environment().is_chief:
         # The other workers train in step with the chief, which logs and saves.
-        from model.training import train
+        from towerbench.model.training import train
 
         return _exit_status(lambda: train(request.config, request.data_dir))
     _end_with_the_sweep(request, sweep_process)
@@ -229,7 +229,7 @@ def forked_main(request_json: str, environment: dict[str, str], stdout: int, std
 def main() -> int:
     """A worker of a multi-worker configuration (tasks/local_cluster.py): the request on stdin."""
     launcher = os.getppid()
-    import tasks.training_imports  # noqa: F401
+    import towerbench.tasks.training_imports  # noqa: F401
 
     return _train_and_log(WorkerRequest.model_validate_json(sys.stdin.read()), launcher)
 

@@ -32,7 +32,7 @@ with _stderr_dropped():
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     from mlflow.utils import requirements_utils
 
-    import model.training  # noqa: F401 - TensorFlow
-    import tasks.evaluate  # noqa: F401 - MLflow, matplotlib
+    import towerbench.model.training  # noqa: F401 - TensorFlow
+    import towerbench.tasks.evaluate  # noqa: F401 - MLflow, matplotlib
 
 requirements_utils._init_modules_to_packages_map()

@@ -50,6 +50,6 @@ def pytest_collection_finish(session):  # noqa: ARG001 - pytest hook signature
     if "tensorflow" in sys.modules:
         from fixtures_model import LOGICAL_CPUS
 
-        from model.devices import split_cpu
+        from towerbench.model.devices import split_cpu
 
         split_cpu(LOGICAL_CPUS)

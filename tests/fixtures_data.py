@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from speed.preprocess_rate import CIFAR10_CLASSES
+from towerbench.speed.preprocess_rate import CIFAR10_CLASSES
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:

@@ -1,19 +1,46 @@
-"""Imports go one way, flows -> tasks -> speed -> ingest -> model, the three lower floors stay
-free of Prefect, MLflow and DVC, and the orchestrating processes of TensorFlow and scikit-learn."""
+"""The house's floors: each package imports only the packages below it, no package's modules
+import each other in a circle, the lower floors stay free of Prefect, MLflow and DVC, and the
+orchestrating processes free of TensorFlow and scikit-learn."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from flows.cli import COMMAND_MODULES
+from towerbench.cli.main import COMMAND_MODULES
 
 ROOT = Path(__file__).resolve().parents[1]
 ORCHESTRATION = {"prefect", "mlflow", "dvc"}
+# From the ground up; each package imports only the ones before it (see docs/architecture.md).
+FLOORS = ("core", "config", "model", "ingest", "speed", "tasks", "flows", "serve", "bench", "cli")
+PURE = ("core", "config", "model", "ingest", "speed")  # no orchestration library
+
+
+def towerbench_imports(path: Path) -> set[str]:
+    """The towerbench modules `path` imports (function-local imports included), as dotted names
+    without the `towerbench.` prefix; `from package import name` counts as both."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found.update(
+            name.removeprefix("towerbench.") for name in names if name.startswith("towerbench.")
+        )
+    return found
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imported_top_level_modules(package: str) -> dict[str, set[str]]:
@@ -44,29 +71,97 @@ def loaded_alongside(modules: list[str], watched: set[str]) -> list[str]:
     return ast.literal_eval(result.stdout.strip().splitlines()[-1])
 
 
-FLOORS = ("model", "ingest", "speed", "tasks", "flows")  # each imports only the ones before it
-PURE = ("model", "ingest", "speed")  # no orchestration library
-
-
 @pytest.mark.parametrize(
-    ("package", "forbidden"),
-    [
-        (package, set(FLOORS[floor + 1 :]) | (ORCHESTRATION if package in PURE else set()))
-        for floor, package in enumerate(FLOORS)
-    ],
+    ("package", "higher"),
+    [(package, set(FLOORS[floor + 1 :])) for floor, package in enumerate(FLOORS)],
 )
-def test_imports_point_one_way(package: str, forbidden: set[str]) -> None:
-    offenders = {
-        file: sorted(names & forbidden)
-        for file, names in imported_top_level_modules(package).items()
-        if names & forbidden
+def test_imports_point_down(package: str, higher: set[str]) -> None:
+    floors = {
+        module_name(path): {name.split(".")[0] for name in towerbench_imports(path)}
+        for path in sorted((ROOT / package).rglob("*.py"))
     }
-    assert not offenders, f"{package}/ must not import {sorted(forbidden)}: {offenders}"
+    offenders = {module: sorted(used & higher) for module, used in floors.items() if used & higher}
+    assert not offenders, f"{package}/ imports a higher floor: {offenders}"
+
+
+@pytest.mark.parametrize("package", PURE)
+def test_lower_floors_import_no_orchestration_library(package: str) -> None:
+    offenders = {
+        file: sorted(names & ORCHESTRATION)
+        for file, names in imported_top_level_modules(package).items()
+        if names & ORCHESTRATION
+    }
+    assert not offenders, f"{package}/ must not import {sorted(ORCHESTRATION)}: {offenders}"
+
+
+def import_cycles(package: str) -> list[list[str]]:
+    """Circles of imports among the modules of `package` (each found once, from its smallest
+    module name)."""
+    modules = {module_name(path): path for path in sorted((ROOT / package).rglob("*.py"))}
+    edges = {
+        name: sorted(
+            imported
+            for imported in towerbench_imports(path)
+            if imported in modules and imported != name
+        )
+        for name, path in modules.items()
+    }
+    cycles: list[list[str]] = []
+
+    def visit(start: str, node: str, path: list[str]) -> None:
+        for following in edges[node]:
+            if following == start:
+                cycles.append([*path, start])
+            elif following > start and following not in path:
+                visit(start, following, [*path, following])
+
+    for start in sorted(modules):
+        visit(start, start, [start])
+    return cycles
+
+
+@pytest.mark.parametrize("package", FLOORS)
+def test_no_circle_of_imports_inside_a_package(package: str) -> None:
+    cycles = import_cycles(package)
+    assert not cycles, f"{package}/ has circles of imports: " + "; ".join(
+        " -> ".join(cycle) for cycle in cycles
+    )
+
+
+@pytest.mark.slow
+def test_the_installed_package_is_towerbench_alone(tmp_path) -> None:
+    """The wheel holds one top-level package, `towerbench`, with every module of every floor."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+    )
+    (wheel,) = tmp_path.glob("towerbench-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    top_level = {name.split("/")[0] for name in names}
+    assert top_level == {"towerbench", "-".join(wheel.name.split("-")[:2]) + ".dist-info"}
+    expected = {
+        "towerbench/" + str(path.relative_to(ROOT))
+        for package in FLOORS
+        for path in (ROOT / package).rglob("*.py")
+    }
+    assert expected <= set(names), sorted(expected - set(names))
 
 
 def test_every_pure_module_imports_without_orchestration_libraries() -> None:
     modules = [
-        ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        "towerbench." + module_name(path)
         for package in PURE
         for path in sorted((ROOT / package).rglob("*.py"))
         if path.name != "__init__.py"
@@ -77,6 +172,11 @@ def test_every_pure_module_imports_without_orchestration_libraries() -> None:
 def test_orchestrating_processes_import_neither_tensorflow_nor_scikit_learn() -> None:
     """The commands and a pool's flow runs leave both to the processes that use them (about 7 s
     and 2 s of CPU per process on 2 slow cores)."""
-    modules = [*COMMAND_MODULES, "flows.temporary_server", "flows.sweep", "flows.pipeline"]
-    modules += ["flows.fan_out", "flows.config_run"]
+    modules = [
+        *COMMAND_MODULES,
+        "towerbench.serve.temporary_server",
+        "towerbench.flows.sweep",
+        "towerbench.flows.pipeline",
+    ]
+    modules += ["towerbench.flows.fan_out", "towerbench.flows.config_run"]
     assert loaded_alongside(modules, {"sklearn", "tensorflow"}) == []

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from model.networks import build_network
-from speed.flops import count_step_flops
-from speed.settings import BenchSettings
-from speed.summary import speed_summary, target_rows
+from towerbench.model.networks import build_network
+from towerbench.speed.flops import count_step_flops
+from towerbench.speed.settings import BenchSettings
+from towerbench.speed.summary import speed_summary, target_rows
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
@@ -44,13 +44,13 @@ TINY = dict(
 MEASURE = f"""
 import json, sys, tempfile
 from pathlib import Path
-from model.devices import configure_tower_devices
+from towerbench.model.devices import configure_tower_devices
 devices = configure_tower_devices(2, "cpu", "cpu")
-from speed.settings import BenchSettings
-from speed.suite import (
+from towerbench.speed.settings import BenchSettings
+from towerbench.speed.suite import (
     count_flops, measure_input_pipeline, measure_layers, measure_preprocessing, measure_steps,
 )
-from model.config import TrainConfig
+from towerbench.config.sections import TrainConfig
 
 settings = BenchSettings(**{TINY!r})
 config = TrainConfig()
@@ -156,8 +156,8 @@ def test_flop_count_agrees_with_tensorflow_profiler_on_the_forward_pass() -> Non
 def test_the_flow_breakdown_adds_up_from_the_mlflow_run_times(tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    from flows.speed_overhead import flow_breakdown
-    from model.params import TrackingConfig
+    from towerbench.bench.overhead import flow_breakdown
+    from towerbench.config.params import TrackingConfig
 
     tracking = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     client = MlflowClient(tracking.tracking_uri)

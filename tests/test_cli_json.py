@@ -13,8 +13,8 @@ from pathlib import Path
 import fixtures_model
 import pytest
 
-from flows.cli import main
-from flows.console import as_json
+from towerbench.cli.console import as_json
+from towerbench.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,10 +61,17 @@ def test_json_document_is_strict() -> None:
     )
 
 
+CONSOLE = "towerbench.cli.console"
+
+
 @pytest.mark.slow
 def test_tensorflow_start_up_lines_appear_at_most_once() -> None:
     completed = subprocess.run(
-        [sys.executable, "-c", "from flows.console import import_tensorflow; import_tensorflow()"],
+        [
+            sys.executable,
+            "-c",
+            "from towerbench.cli.console import import_tensorflow; import_tensorflow()",
+        ],
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
         capture_output=True,
         text=True,

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import build_parser
-from flows.commands.orchestrate import sweep_run_from_args
-from flows.options import add_model_options, overrides_from_args
-from flows.params import load
-from model.config import TrainConfig
-from model.errors import TowerbenchError
+from towerbench.cli.commands.orchestrate import sweep_run_from_args
+from towerbench.cli.main import build_parser
+from towerbench.cli.options import add_model_options, overrides_from_args
+from towerbench.config.load import load
+from towerbench.config.sections import TrainConfig
+from towerbench.core.errors import TowerbenchError
 
 COMMANDS_WITH_PARAMS = (
     "fetch",

@@ -20,7 +20,7 @@ HEAVY = ("tensorflow", "prefect", "mlflow")
 # Runs the CLI in-process and reports its status and which heavy packages it imported.
 PROBE = f"""
 import json, sys
-from flows.cli import main
+from towerbench.cli.main import main
 try:
     status = main(sys.argv[2:])
 except SystemExit as exit:

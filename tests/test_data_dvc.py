@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from model.config import FetchConfig, PreprocessConfig
-from model.errors import TowerbenchError
-from model.tfrecords import dataset_dir, load_manifest
-from tasks.data_check import ensure_data, manifest_digest
-from tasks.dvc_stages import DataStages, data_stages, run_dvc, update_dataset
+from towerbench.config.sections import FetchConfig, PreprocessConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.model.tfrecords import dataset_dir, load_manifest
+from towerbench.tasks.data_check import ensure_data, manifest_digest
+from towerbench.tasks.dvc_stages import DataStages, data_stages, run_dvc, update_dataset
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 

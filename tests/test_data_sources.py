@@ -21,8 +21,8 @@ from fixtures_data import (
     make_image_folder,
 )
 
-from flows.cli import main
-from model.tfrecords import dataset_dir, decode_example, load_manifest, split_files
+from towerbench.cli.main import main
+from towerbench.model.tfrecords import dataset_dir, decode_example, load_manifest, split_files
 
 
 def _md5(path) -> str:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ingest.write_records import write_dataset
-from model.errors import TowerbenchError
-from model.tfrecords import dataset_dir, decode_example, load_manifest, split_files
+from towerbench.core.errors import TowerbenchError
+from towerbench.ingest.write_records import write_dataset
+from towerbench.model.tfrecords import dataset_dir, decode_example, load_manifest, split_files
 
 
 def _arrays(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 FIRST_SWEEP_STEPS = """
 import sys, time
 from pathlib import Path
-from model.params import TrackingConfig
-from tasks.tracking import ensure_experiment, resolve_tracking, start_sweep_run
+from towerbench.config.params import TrackingConfig
+from towerbench.config.tracking_uri import resolve_tracking
+from towerbench.tasks.tracking import ensure_experiment, start_sweep_run
 
 uri, ready, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 tracking = resolve_tracking(TrackingConfig(tracking_uri=uri))

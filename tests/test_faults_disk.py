@@ -19,10 +19,10 @@ import pytest
 from fixtures_data import http_server, make_cifar10_archive
 from PIL import Image
 
-import ingest
-from flows.cli import main
-from model.files import format_bytes
-from model.tfrecords import dataset_dir, load_manifest
+from towerbench import ingest
+from towerbench.cli.main import main
+from towerbench.core.files import format_bytes
+from towerbench.model.tfrecords import dataset_dir, load_manifest
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from mlflow.environment_variables import (
     MLFLOW_HTTP_REQUEST_TIMEOUT,
 )
 
-from model.errors import TowerbenchError
-from tasks.preflight import MLFLOW_HTTP_DEFAULTS, bound_mlflow_http, check_servers
+from towerbench.core.errors import TowerbenchError
+from towerbench.tasks.preflight import MLFLOW_HTTP_DEFAULTS, bound_mlflow_http, check_servers
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
@@ -36,7 +36,16 @@ def _dead_url() -> str:
 
 def _sweep(tmp_path: Path, *options: str, **environment: str) -> tuple[int, list[str], float]:
     """`towerbench sweep` of one tiny digits run, as a user starts it; (status, stderr, seconds)."""
-    argv = [sys.executable, "-m", "flows.cli", "sweep", "--dataset", "digits", "--towers", "1"]
+    argv = [
+        sys.executable,
+        "-m",
+        "towerbench.cli.main",
+        "sweep",
+        "--dataset",
+        "digits",
+        "--towers",
+        "1",
+    ]
     argv += ["--seeds", "0", "--epochs", "1", "--data-dir", str(tmp_path / "data"), *options]
     started = time.monotonic()
     result = subprocess.run(

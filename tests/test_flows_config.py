@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import build_parser
-from flows.commands.orchestrate import sweep_run_from_args
-from flows.params import load
-from model.config import TrainConfig
-from model.errors import TowerbenchError
-from model.params import SweepGrid, TrackingConfig
-from model.sweep import expand, run_name
-from tasks.tracking import resolve_tracking
+from towerbench.cli.commands.orchestrate import sweep_run_from_args
+from towerbench.cli.main import build_parser
+from towerbench.config.grid import expand, run_name
+from towerbench.config.load import load
+from towerbench.config.params import SweepGrid, TrackingConfig
+from towerbench.config.sections import TrainConfig
+from towerbench.config.tracking_uri import resolve_tracking
+from towerbench.core.errors import TowerbenchError
 
 ROOT = Path(__file__).resolve().parents[1]
 

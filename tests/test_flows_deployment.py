@@ -16,8 +16,8 @@ import yaml
 from fixtures_servers import free_port, wait_until
 from mlflow.tracking import MlflowClient
 
-from flows.params import load
-from model.errors import TowerbenchError
+from towerbench.config.load import load
+from towerbench.core.errors import TowerbenchError
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 

@@ -18,10 +18,10 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.testing.utilities import prefect_test_harness
 
-from model.config import FetchConfig, PreprocessConfig
-from model.errors import TowerbenchError
-from tasks.dvc_stages import data_stages
-from tasks.fetch import RETRY_DELAYS_SECONDS, fetch_task
+from towerbench.config.sections import FetchConfig, PreprocessConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.tasks.dvc_stages import data_stages
+from towerbench.tasks.fetch import RETRY_DELAYS_SECONDS, fetch_task
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 

@@ -31,7 +31,7 @@ def _sweep_command(root: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "flows.cli",
+        "towerbench.cli.main",
         "sweep",
         "--towers=2",
         "--seeds=0,1",

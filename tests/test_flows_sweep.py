@@ -20,11 +20,11 @@ from mlflow.tracking import MlflowClient
 from prefect.settings import PREFECT_API_URL
 from prefect.testing.utilities import prefect_test_harness
 
-from flows.cli import main
-from model.config import TrainConfig
-from model.params import TrackingConfig
-from model.tfrecords import dataset_dir
-from tasks.tracking import resolve_tracking
+from towerbench.cli.main import main
+from towerbench.config.params import TrackingConfig
+from towerbench.config.sections import TrainConfig
+from towerbench.config.tracking_uri import resolve_tracking
+from towerbench.model.tfrecords import dataset_dir
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
@@ -65,7 +65,7 @@ def prefect_api_url():
 
 # `towerbench` (flows.cli.run) saying, as it exits, whether its own process imported TensorFlow.
 COMMAND_SAYING_ITS_IMPORTS = (
-    "import atexit, sys; from flows import cli; atexit.register(lambda: print("
+    "import atexit, sys; from towerbench.cli import main as cli; atexit.register(lambda: print("
     "'tensorflow imported:', 'tensorflow' in sys.modules, file=sys.stderr)); cli.run()"
 )
 
@@ -204,8 +204,8 @@ def test_completed_runs_carry_params_metrics_data_version_and_artifacts(finished
 
 def accuracy_on_test_split(model, config: TrainConfig, data_dir: Path) -> float:
     """Accuracy of `model` on every test example once, with the trainer's evaluation input."""
-    from model.input_pipeline import evaluation_dataset
-    from model.tfrecords import load_manifest, split_files
+    from towerbench.model.input_pipeline import evaluation_dataset
+    from towerbench.model.tfrecords import load_manifest, split_files
 
     folder = dataset_dir(data_dir, config.dataset)
     manifest = load_manifest(folder)
@@ -222,7 +222,7 @@ def accuracy_on_test_split(model, config: TrainConfig, data_dir: Path) -> float:
 
 
 def test_logged_model_loads_and_reproduces_the_logged_accuracy(finished_sweep) -> None:
-    import model.networks  # noqa: F401 - registers the custom layers for loading
+    import towerbench.model.networks  # noqa: F401 - registers the custom layers for loading
 
     _, tracking, root, _ = finished_sweep
     _, runs = _completed(finished_sweep)
@@ -313,8 +313,8 @@ def test_prefect_artifacts_progress_and_report_linking_the_parent_run(finished_s
 
 def test_benchmark_report_compares_with_the_previous_benchmark(finished_sweep) -> None:
     """A later benchmark sweep whose 2-tower run is 10 points worse than the finished one."""
-    from model.params import ReportConfig
-    from tasks.report import write_report
+    from towerbench.config.params import ReportConfig
+    from towerbench.tasks.report import write_report
 
     outcome, tracking, root, _ = finished_sweep
     client = MlflowClient(tracking.tracking_uri)

@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from model.config import TrainConfig
-from tasks.fork_server import TrainingProcess
-from tasks.train_worker import WorkerRequest
+from towerbench.config.sections import TrainConfig
+from towerbench.tasks.fork_server import TrainingProcess
+from towerbench.tasks.train_worker import WorkerRequest
 
 pytestmark = pytest.mark.slow  # starts processes that import TensorFlow
 
@@ -66,7 +66,7 @@ def test_a_script_without_a_main_guard_runs_once_and_its_server_ends_when_it_is_
             """
             import os, sys, time
             print("script ran", flush=True)
-            from tasks.fork_server import TrainingProcess
+            from towerbench.tasks.fork_server import TrainingProcess
             process = TrainingProcess("not a request", dict(os.environ))
             print("exit", process.wait(timeout=120), flush=True)
             time.sleep(600)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model.networks import LocalResponseNormalization, build_network
+from towerbench.model.networks import LocalResponseNormalization, build_network
 
 
 def test_tutorial_has_the_tutorials_1068298_parameters_on_cifar10():

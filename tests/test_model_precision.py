@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model.devices import configure_tower_devices
-from model.gradcheck import TOLERANCE
-from model.networks import build_network
-from model.precision import GROWTH_STEPS, INITIAL_SCALE, LossScale
-from model.towers import TowerTrainer
+from towerbench.model.devices import configure_tower_devices
+from towerbench.model.gradcheck import TOLERANCE
+from towerbench.model.networks import build_network
+from towerbench.model.precision import GROWTH_STEPS, INITIAL_SCALE, LossScale
+from towerbench.model.towers import TowerTrainer
 
 
 @pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])

@@ -3,7 +3,7 @@
 import json
 import math
 
-from model.records import LOSS_METRICS, EpochRecord, FinalMetrics, last_losses
+from towerbench.model.records import LOSS_METRICS, EpochRecord, FinalMetrics, last_losses
 
 
 def _final(**optional) -> FinalMetrics:

@@ -6,9 +6,9 @@ import fixtures_model  # noqa: F401
 import numpy as np
 import pytest
 
-from model.config import TrainConfig
-from model.input_pipeline import EpochPlan
-from model.schedules import StepSchedule, scaled_learning_rate, schedule_from_config
+from towerbench.config.sections import TrainConfig
+from towerbench.model.input_pipeline import EpochPlan
+from towerbench.model.schedules import StepSchedule, scaled_learning_rate, schedule_from_config
 
 
 def test_scaling_rules():
@@ -88,8 +88,8 @@ def test_warmup_and_decay_values():
 def test_updates_budget_gives_every_run_the_reference_number_of_steps():
     """`budget: updates`: 4 towers train 4x the epochs, and the LR is the same function of the
     optimizer step as the 1-tower run's (after the peak is scaled)."""
-    from model.params import SweepGrid
-    from model.sweep import expand
+    from towerbench.config.grid import expand
+    from towerbench.config.params import SweepGrid
 
     base = TrainConfig(
         dataset="cifar10",

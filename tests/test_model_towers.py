@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model.devices import configure_tower_devices, plan_devices
-from model.errors import TowerbenchError
-from model.gradcheck import run_gradcheck
-from model.networks import build_network
-from model.noise_scale import noise_estimates
-from model.towers import TowerTrainer, shard_sizes
+from towerbench.core.errors import TowerbenchError
+from towerbench.model.devices import configure_tower_devices, plan_devices
+from towerbench.model.gradcheck import run_gradcheck
+from towerbench.model.networks import build_network
+from towerbench.model.noise_scale import noise_estimates
+from towerbench.model.towers import TowerTrainer, shard_sizes
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 

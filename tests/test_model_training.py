@@ -6,12 +6,12 @@ import fixtures_model
 import numpy as np
 import pytest
 
-from flows.cli import main
-from model import evaluation, training
-from model.config import TrainConfig
-from model.records import EpochRecord
-from model.stability import diverged, instability
-from model.tfrecords import dataset_dir, load_manifest
+from towerbench.cli.main import main
+from towerbench.config.sections import TrainConfig
+from towerbench.model import evaluation, training
+from towerbench.model.records import EpochRecord
+from towerbench.model.stability import diverged, instability
+from towerbench.model.tfrecords import dataset_dir, load_manifest
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 

@@ -20,7 +20,14 @@ from fixtures_servers import BIN, mlflow_server, postgres, prefect_server, start
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from tasks.tracking import ATTEMPT_TAG, DEVICES_TAG, HOST_TAG, KIND_TAG, PARENT_TAG, WORKER_TAG
+from towerbench.tasks.tracking import (
+    ATTEMPT_TAG,
+    DEVICES_TAG,
+    HOST_TAG,
+    KIND_TAG,
+    PARENT_TAG,
+    WORKER_TAG,
+)
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 

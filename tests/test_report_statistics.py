@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from model.config import TrainConfig
-from tasks.report.render import loss_paradox
-from tasks.report.statistics import (
+from towerbench.config.sections import TrainConfig
+from towerbench.tasks.report.render import loss_paradox
+from towerbench.tasks.report.statistics import (
     Curve,
     RunRecord,
     accuracy_by_epoch,
@@ -19,7 +19,7 @@ from tasks.report.statistics import (
     time_to_target,
     welch,
 )
-from tasks.report.verdicts import compare, noise_scale_note
+from towerbench.tasks.report.verdicts import compare, noise_scale_note
 
 
 def test_welch_matches_scipy_ttest_and_its_confidence_interval() -> None:
@@ -216,7 +216,7 @@ def test_loss_paradox_is_explained_from_the_measured_losses() -> None:
 
 
 def test_rendered_tables_fit_a_page_and_figures_can_be_embedded() -> None:
-    from tasks.report.render import ReportHeader, render_report
+    from towerbench.tasks.report.render import ReportHeader, render_report
 
     records = [_record(1, "none", s, a) for s, a in enumerate([0.86, 0.862])]
     records += [_record(4, "linear", s, a) for s, a in enumerate([0.85, 0.87])]

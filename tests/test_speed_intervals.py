@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from speed.summary import _judged
-from speed.timing import interleaved, ratio_interval
+from towerbench.speed.summary import _judged
+from towerbench.speed.timing import interleaved, ratio_interval
 
 
 def _runs(calls: list[str], values) -> dict:

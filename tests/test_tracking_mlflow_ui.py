@@ -14,19 +14,19 @@ import fixtures_model
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.telemetry import OPT_IN
-from model.config import TrainConfig
-from model.params import TrackingConfig
-from tasks.report.reading import run_record
-from tasks.tracking import (
+from towerbench.config.params import TrackingConfig
+from towerbench.config.sections import TrainConfig
+from towerbench.config.tracking_uri import resolve_tracking
+from towerbench.serve.telemetry import OPT_IN
+from towerbench.tasks.report.reading import run_record
+from towerbench.tasks.tracking import (
     EXPERIMENT_KIND_TAG,
     create_config_run,
     ensure_experiment,
-    resolve_tracking,
     run_url,
 )
-from tasks.train import run_training_process
-from tasks.train_worker import WorkerRequest
+from towerbench.tasks.train import run_training_process
+from towerbench.tasks.train_worker import WorkerRequest
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
@@ -107,7 +107,7 @@ def test_epoch_metrics_are_logged_at_their_epoch_whatever_the_tower_count(tmp_pa
 def _telemetry_state(environment: dict[str, str]) -> dict[str, bool]:
     """Whether MLflow and Prefect would report usage in a process started like the CLI."""
     code = (
-        "from flows.telemetry import telemetry_off_unless_opted_in\n"
+        "from towerbench.serve.telemetry import telemetry_off_unless_opted_in\n"
         "telemetry_off_unless_opted_in()\n"
         "import json\n"
         "from mlflow.telemetry.utils import is_telemetry_disabled\n"

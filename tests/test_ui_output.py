@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from flows.process_output import OutputRelay
+from towerbench.serve.process_output import OutputRelay
 
 SERVER_OUTPUT = textwrap.dedent(
     """\

@@ -17,10 +17,10 @@ import psutil
 import pytest
 import tensorflow as tf
 
-from flows.cli import main
-from model.checkpoints import HISTORY_FILE
-from model.cluster import Cluster
-from model.errors import TowerbenchError
+from towerbench.cli.main import main
+from towerbench.core.errors import TowerbenchError
+from towerbench.model.checkpoints import HISTORY_FILE
+from towerbench.model.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCHS = 3
@@ -92,7 +92,7 @@ def test_a_killed_worker_ends_the_run_and_the_resumed_workers_match_one_process_
     """Worker 1 is SIGKILLed after the first epoch's checkpoint: the run ends in one line within
     seconds, nothing is left running; the same command resumes both workers from the chief's
     checkpoint and ends with the weights of one process with 4 towers (float tolerance)."""
-    command = [sys.executable, "-m", "flows.cli", "train", "--params", str(params_file)]
+    command = [sys.executable, "-m", "towerbench.cli.main", "train", "--params", str(params_file)]
     command += ["--workers", "2", "--towers", "2", "--checkpoint-dir", str(tmp_path)]
     launcher = subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True

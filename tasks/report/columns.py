@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from tasks.report.markdown import markdown_table
-from tasks.report.statistics import GroupRow
+from towerbench.core.markdown import markdown_table
+from towerbench.tasks.report.statistics import GroupRow
 
 Column = tuple[str, Callable[[GroupRow], str]]
 

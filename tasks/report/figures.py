@@ -14,7 +14,7 @@ matplotlib.use("Agg")  # no display: figures only go to files
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from tasks.report.statistics import RunRecord  # noqa: E402
+from towerbench.tasks.report.statistics import RunRecord  # noqa: E402
 
 SEED_STYLES = ("-", "--", ":", "-.")
 DPI = 110

@@ -26,13 +26,13 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from model.params import ReportConfig, TrackingConfig
-from tasks.report.figures import report_figures
-from tasks.report.reading import previous_benchmark, sweep_parent, sweep_records
-from tasks.report.render import ReportHeader, benchmark_section, render_report
-from tasks.report.statistics import GroupRow
-from tasks.report.verdicts import compare
-from tasks.tracking import FLOW_TAG, SWEPT_TAG, client_for, run_url
+from towerbench.config.params import ReportConfig, TrackingConfig
+from towerbench.tasks.report.figures import report_figures
+from towerbench.tasks.report.reading import previous_benchmark, sweep_parent, sweep_records
+from towerbench.tasks.report.render import ReportHeader, benchmark_section, render_report
+from towerbench.tasks.report.statistics import GroupRow
+from towerbench.tasks.report.verdicts import compare
+from towerbench.tasks.tracking import FLOW_TAG, SWEPT_TAG, client_for, run_url
 
 REPORT_ARTIFACT_DIR = "report"
 FIGURE_LINK = re.compile(r"\]\(([\w.-]+\.png)\)")

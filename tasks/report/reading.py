@@ -6,11 +6,11 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from model.config import TrainConfig
-from model.errors import TowerbenchError
-from model.records import LOSS_METRICS
-from tasks.report.statistics import Curve, RunRecord
-from tasks.tracking import (
+from towerbench.config.sections import TrainConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.model.records import LOSS_METRICS
+from towerbench.tasks.report.statistics import Curve, RunRecord
+from towerbench.tasks.tracking import (
     CONFIG_TAG,
     ERROR_TAG,
     FLOW_TAG,

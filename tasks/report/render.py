@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tasks.report.columns import (
+from towerbench.core.markdown import markdown_table
+from towerbench.tasks.report.columns import (
     ACCURACY_COLUMNS,
     LOSS_COLUMNS,
     SETUP_COLUMNS,
@@ -14,8 +15,7 @@ from tasks.report.columns import (
     speed_columns,
     table,
 )
-from tasks.report.markdown import markdown_table
-from tasks.report.statistics import GroupRow, RunRecord, accuracy_by_epoch
+from towerbench.tasks.report.statistics import GroupRow, RunRecord, accuracy_by_epoch
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from model.config import TrainConfig
+from towerbench.config.sections import TrainConfig
 
 
 @dataclass(frozen=True)

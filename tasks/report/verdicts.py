@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from model.config import TrainConfig
-from tasks.report.statistics import GroupRow, RunRecord, group_rows
+from towerbench.config.sections import TrainConfig
+from towerbench.tasks.report.statistics import GroupRow, RunRecord, group_rows
 
 Applies = Callable[[TrainConfig], bool]
 

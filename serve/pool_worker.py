@@ -16,11 +16,9 @@ import signal
 import socket
 from pathlib import Path
 
-from model.errors import TowerbenchError
+from towerbench.core.errors import TowerbenchError
+from towerbench.flows.config_run import DEVICES_ENV, PROJECT_ENV
 
-# Set for the flow runs a worker starts (they inherit its environment); see flows/config_run.py.
-PROJECT_ENV = "TOWERBENCH_PROJECT"
-DEVICES_ENV = "TOWERBENCH_DEVICES"
 WORKER_POLL_SECONDS = "2"  # Prefect's default, 10 s, makes every configuration wait that long
 
 
@@ -59,7 +57,7 @@ def _register_deployment(pool: str) -> None:
     installed in every worker's environment, so nothing is pulled)."""
     from prefect.deployments.runner import EntrypointType
 
-    from flows.config_run import deployment_name, train_config
+    from towerbench.flows.config_run import deployment_name, train_config
 
     with contextlib.redirect_stdout(io.StringIO()):  # Prefect's table of deployments
         train_config.deploy(
@@ -133,7 +131,7 @@ def run_worker(pool: str, devices: str | None, limit: int, project: Path) -> Non
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices
     os.environ.setdefault("PREFECT_WORKER_QUERY_SECONDS", WORKER_POLL_SECONDS)
-    from flows.deployments import prefect_api_url
+    from towerbench.serve.deployments import prefect_api_url
 
     if prefect_api_url() is None:
         raise TowerbenchError(

@@ -7,7 +7,7 @@ that names the field. `model/` receives these objects and never reads files itse
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from pydantic import (
@@ -261,3 +261,12 @@ class DataConfig(StrictModel):
     """Where data lives on disk."""
 
     data_dir: Path = Field(Path("data"), description="Root of raw archives and TFRecords.")
+
+
+def dataset_name(config: FetchConfig) -> str:
+    """Where `config`'s data is stored: its name, the imagefolder's stem, or the source name."""
+    if config.name is not None:
+        return config.name
+    if config.source == "imagefolder" and config.url:
+        return PurePosixPath(config.url.rstrip("/")).stem
+    return config.source

@@ -7,7 +7,7 @@ import argparse
 import re
 from pathlib import Path
 
-from model.errors import TowerbenchError
+from towerbench.core.errors import TowerbenchError
 
 
 def _devices(text: str) -> str:
@@ -19,14 +19,14 @@ def _devices(text: str) -> str:
 def run_worker_command(args: argparse.Namespace) -> int:
     if not args.project.is_dir():
         raise TowerbenchError(f"--project {args.project}: no such folder")
-    from flows.pool_worker import run_worker
+    from towerbench.serve.pool_worker import run_worker
 
     run_worker(args.pool, args.devices, args.limit, args.project)
     return 0
 
 
 def run_tracking_serve_command(args: argparse.Namespace) -> int:
-    from flows.tracking_server import serve_tracking, server_command
+    from towerbench.serve.tracking_server import serve_tracking, server_command
 
     serve_tracking(
         server_command(

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from model.errors import TowerbenchError
+from towerbench.core.errors import TowerbenchError
 
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from flows.params import Override
+from towerbench.config.load import Override
 
 
 def option_name(field: str) -> str:

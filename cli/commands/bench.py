@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flows.console import CommandResult, import_tensorflow
-from flows.options import add_json_option, add_params_option
-from flows.params import load
-from model.config import TrainConfig
+from towerbench.cli.console import CommandResult, import_tensorflow
+from towerbench.cli.options import add_json_option, add_params_option
+from towerbench.config.load import load
+from towerbench.config.sections import TrainConfig
 
 DEFAULT_REPORT = Path("docs/benchmarks.md")
 
@@ -52,28 +52,28 @@ def _say(message: str) -> None:
 def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every measurement of `config`'s training settings (aggregation, optimizer, schedule,
     distortions, XLA) on the fixed network, in one process; returns (JSON summary, raw results)."""
-    from flows.speed_overhead import isolate_orchestration_state
+    from towerbench.bench.overhead import isolate_orchestration_state
 
     isolate_orchestration_state(work_dir)  # before Prefect or MLflow is imported
     import_tensorflow()
     # Devices before anything touches TensorFlow's runtime: one logical device per tower.
-    from model.devices import configure_tower_devices
+    from towerbench.model.devices import configure_tower_devices
 
     devices = configure_tower_devices(settings.max_towers, "auto", "cpu")
     import tensorflow as tf
 
     # Each benchmarked trainer traces its own step; TensorFlow's retracing warning is noise here.
     tf.get_logger().setLevel("ERROR")
-    from flows.speed_overhead import measure_orchestration_overhead
-    from speed.machine import describe_machine
-    from speed.suite import (
+    from towerbench.bench.overhead import measure_orchestration_overhead
+    from towerbench.speed.machine import describe_machine
+    from towerbench.speed.suite import (
         count_flops,
         measure_input_pipeline,
         measure_layers,
         measure_preprocessing,
         measure_steps,
     )
-    from speed.summary import speed_summary
+    from towerbench.speed.summary import speed_summary
 
     machine = describe_machine(devices)
     _say(f"{settings.mode} run on {machine['tower_devices']} devices ({machine['cpu']})")
@@ -93,9 +93,9 @@ def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, An
 
 def run_bench(args: argparse.Namespace) -> CommandResult:
     config = load(args.params, resolve_tracking=False).train
-    from flows.speed_report import render_markdown, write_markdown
-    from speed.settings import BenchSettings
-    from speed.summary import target_rows
+    from towerbench.speed.report import render_markdown, write_markdown
+    from towerbench.speed.settings import BenchSettings
+    from towerbench.speed.summary import target_rows
 
     settings = BenchSettings.quick() if args.quick else BenchSettings.full()
     report = args.report or (None if args.quick else DEFAULT_REPORT)

@@ -12,14 +12,14 @@ from zoneinfo import available_timezones
 
 from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 
-from model.config import (
+from towerbench.config.sections import (
     DataConfig,
     FetchConfig,
     PreprocessConfig,
     StrictModel,
     TrainConfig,
 )
-from model.errors import describe_validation_error, dotted
+from towerbench.core.errors import describe_validation_error, dotted
 
 # Fields the sweep varies through its own named lists; the rest of TrainConfig goes through `grid`.
 SWEEP_AXES = ("towers", "workers", "aggregation", "lr_scaling", "warmup_epochs", "seed")

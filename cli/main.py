@@ -14,20 +14,20 @@ import os
 import signal
 import sys
 
-from flows.console import CommandResult, as_json, stdout_reserved
-from flows.telemetry import telemetry_off_unless_opted_in
-from model import cluster
-from model.errors import TowerbenchError
-from tasks.local_cluster import end_with_launcher
+from towerbench.cli.console import CommandResult, as_json, stdout_reserved
+from towerbench.core.errors import TowerbenchError
+from towerbench.model import cluster
+from towerbench.serve.telemetry import telemetry_off_unless_opted_in
+from towerbench.tasks.local_cluster import end_with_launcher
 
 # Each module has `register(subparsers)`, adding its subcommands with a handler that returns an
 # exit status, or a CommandResult when the command has `--json`.
 COMMAND_MODULES = (
-    "flows.commands.data",
-    "flows.commands.train",
-    "flows.commands.orchestrate",
-    "flows.commands.bench",
-    "flows.commands.team",
+    "towerbench.cli.commands.data",
+    "towerbench.cli.commands.train",
+    "towerbench.cli.commands.orchestrate",
+    "towerbench.cli.commands.bench",
+    "towerbench.cli.commands.team",
 )
 
 

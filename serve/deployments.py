@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import psutil
 
-from flows.process_output import OutputRelay
-from flows.telemetry import telemetry_off_unless_opted_in
-from model.errors import TowerbenchError
-from model.params import Params
+from towerbench.config.params import Params
+from towerbench.core.errors import TowerbenchError
+from towerbench.serve.process_output import OutputRelay
+from towerbench.serve.telemetry import telemetry_off_unless_opted_in
 
 # Named for what they do: the Prefect UI lists deployments by name, the flow only in grey.
 PIPELINE_DEPLOYMENT = "towerbench-pipeline"
@@ -50,9 +50,9 @@ def serve(params: Params, params_path: Path) -> None:
     from prefect.deployments.runner import EntrypointType
     from prefect.schedules import Cron
 
-    from flows.benchmark import benchmark
-    from flows.pipeline import pipeline
-    from flows.run_form import form_parameters
+    from towerbench.config.run_form import form_parameters
+    from towerbench.flows.benchmark import benchmark
+    from towerbench.flows.pipeline import pipeline
 
     # Module entrypoints: the served runs import the flows by name, whatever the working directory.
     on_demand = pipeline.to_deployment(
@@ -134,7 +134,7 @@ def run_ui(params: Params, params_path: Path) -> None:
     The terminal gets one line per server, then the served runs' logs; the servers' own output
     goes to log files (see flows/process_output.py).
     """
-    from tasks.tracking import TRAINING_VIEW, ensure_experiment, experiment_name
+    from towerbench.tasks.tracking import TRAINING_VIEW, ensure_experiment, experiment_name
 
     for port in (PREFECT_PORT, MLFLOW_PORT):
         if not _port_free(port):

@@ -11,10 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, create_model
 
-from flows.params import Override, override_at
-from ingest import dataset_name
-from model.config import FetchConfig, StrictModel, TrainConfig
-from model.params import Params, SweepGrid
+from towerbench.config.load import Override, override_at
+from towerbench.config.params import Params, SweepGrid
+from towerbench.config.sections import FetchConfig, StrictModel, TrainConfig, dataset_name
 
 DATASET_FIELDS = ("source", "url", "name")
 SWEEP_FIELDS = (

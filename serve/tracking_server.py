@@ -7,8 +7,8 @@ import importlib.util
 import os
 from pathlib import Path
 
-from flows.deployments import server_environment, tool
-from model.errors import TowerbenchError
+from towerbench.core.errors import TowerbenchError
+from towerbench.serve.deployments import server_environment, tool
 
 # `mlflow server --app-name basic-auth` refuses to start without these (MLflow 3.17 has no
 # default admin password); they come from the environment, never from a file in the project.

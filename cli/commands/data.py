@@ -7,12 +7,12 @@ import typing
 
 from pydantic import BaseModel
 
-from flows.console import import_tensorflow
-from flows.options import add_model_options, add_params_option, overrides_from_args
-from flows.params import Override, load
-from model.config import DataConfig, FetchConfig, PreprocessConfig
-from model.errors import TowerbenchError
-from model.params import Params
+from towerbench.cli.console import import_tensorflow
+from towerbench.cli.options import add_model_options, add_params_option, overrides_from_args
+from towerbench.config.load import Override, load
+from towerbench.config.params import Params
+from towerbench.config.sections import DataConfig, FetchConfig, PreprocessConfig
+from towerbench.core.errors import TowerbenchError
 
 SOURCES = typing.get_args(FetchConfig.model_fields["source"].annotation)
 
@@ -29,7 +29,8 @@ def _fetch(args: argparse.Namespace) -> int:
         raise TowerbenchError(f"unknown dataset {args.dataset!r} (choose from {choices})")
     given = [Override(FetchConfig, "source", args.dataset, "DATASET")] if args.dataset else []
     params = _params(args, FetchConfig, given)
-    from ingest import dataset_name, fetch  # no TensorFlow: fetching only moves files
+    from towerbench.config.sections import dataset_name
+    from towerbench.ingest import fetch  # no TensorFlow: fetching only moves files
 
     folder = fetch(params.fetch, params.data.data_dir)
     print(f"fetched {params.fetch.source} as {dataset_name(params.fetch)!r} into {folder}")
@@ -39,8 +40,9 @@ def _fetch(args: argparse.Namespace) -> int:
 def _preprocess(args: argparse.Namespace) -> int:
     params = _params(args, PreprocessConfig, [])
     import_tensorflow()
-    from ingest import dataset_name, preprocess
-    from model.tfrecords import dataset_dir
+    from towerbench.config.sections import dataset_name
+    from towerbench.ingest import preprocess
+    from towerbench.model.tfrecords import dataset_dir
 
     name = args.dataset or dataset_name(params.fetch)
     manifest = preprocess(name, params.preprocess, params.data.data_dir)

@@ -7,16 +7,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from model.files import write_atomically
-from speed.settings import BenchSettings
-from speed.summary import (
+from towerbench.core.files import write_atomically
+from towerbench.core.markdown import markdown_table
+from towerbench.speed.settings import BenchSettings
+from towerbench.speed.summary import (
     REFERENCE_RUN_SECONDS,
     achieved_flops,
     roofline,
     step_seconds,
     target_rows,
 )
-from tasks.report.markdown import markdown_table
 
 MET = {True: "yes", False: "**no**", None: "—"}
 

@@ -9,19 +9,19 @@ import os
 import sys
 from pathlib import Path
 
-from flows.console import CommandResult, import_tensorflow
-from flows.options import (
+from towerbench.cli.console import CommandResult, import_tensorflow
+from towerbench.cli.options import (
     add_json_option,
     add_model_options,
     add_params_option,
     overrides_from_args,
 )
-from flows.params import Override, load
-from model.cluster import TF_CONFIG, Cluster
-from model.config import DataConfig, TrainConfig
-from model.records import EpochRecord
-from model.training_data import load_training_data
-from tasks.local_cluster import run_local_cluster
+from towerbench.config.load import Override, load
+from towerbench.config.sections import DataConfig, TrainConfig
+from towerbench.model.cluster import TF_CONFIG, Cluster
+from towerbench.model.records import EpochRecord
+from towerbench.model.training_data import load_training_data
+from towerbench.tasks.local_cluster import run_local_cluster
 
 # What gradcheck takes from the training configuration: the network, the towers, one batch.
 GRADCHECK_FIELDS = frozenset({"model", "towers", "workers", "global_batch", "seed", "precision"})
@@ -130,7 +130,7 @@ def _run_local_cluster(args: argparse.Namespace, workers: int) -> CommandResult:
         else:
             print(line, end="", flush=True)
 
-    command = [sys.executable, "-m", "flows.cli", *args.argv]
+    command = [sys.executable, "-m", "towerbench.cli.main", *args.argv]
     outcome = run_local_cluster(command, workers, on_chief_line)
     for failure in outcome.failures():
         print(f"towerbench {args.command}: {failure}", file=sys.stderr)
@@ -147,7 +147,7 @@ def run_train(args: argparse.Namespace) -> CommandResult:
         return _run_local_cluster(args, config.workers)
     print(_describe_config(config), flush=True)
     import_tensorflow()
-    from model.training import train
+    from towerbench.model.training import train
 
     progress = _Progress()
     result = train(
@@ -182,7 +182,7 @@ def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
     import_tensorflow()
     import tensorflow as tf
 
-    from model.gradcheck import run_gradcheck
+    from towerbench.model.gradcheck import run_gradcheck
 
     tf.get_logger().setLevel("ERROR")  # four trainers on one batch: retracing warnings are noise
     cluster = Cluster.from_environment(config.collective_timeout)

@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from model.config import TrainConfig
-from model.errors import TowerbenchError, describe_validation_error
-from model.params import SweepGrid
+from towerbench.config.params import SweepGrid
+from towerbench.config.sections import TrainConfig
+from towerbench.core.errors import TowerbenchError, describe_validation_error
 
 
 def canonical(config: TrainConfig) -> TrainConfig:

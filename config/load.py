@@ -16,9 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from model.config import DataConfig, FetchConfig, PreprocessConfig, TrainConfig
-from model.errors import Location, TowerbenchError, describe_validation_error, dotted
-from model.params import (
+from towerbench.config.params import (
     Params,
     ReportConfig,
     SweepGrid,
@@ -26,6 +24,9 @@ from model.params import (
     TrainGrid,
     apply_sweep_preset,
 )
+from towerbench.config.sections import DataConfig, FetchConfig, PreprocessConfig, TrainConfig
+from towerbench.config.tracking_uri import resolve_tracking as absolute_tracking
+from towerbench.core.errors import Location, TowerbenchError, describe_validation_error, dotted
 
 Key = tuple[str, ...]
 
@@ -164,8 +165,6 @@ def _absolute_locations(
         ),
     }
     if resolve_tracking:
-        from tasks.tracking import resolve_tracking as resolve  # imports MLflow
-
         base_dir = None if TRACKING_URI in given else file_dir
-        updates["tracking"] = resolve(params.tracking, base_dir)
+        updates["tracking"] = absolute_tracking(params.tracking, base_dir)
     return params.model_copy(update=updates)

@@ -25,13 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from model.config import DataConfig, TrainConfig
-from model.errors import TowerbenchError
-from model.params import ReportConfig, SweepGrid, TrackingConfig
-from speed.settings import BenchSettings
-from speed.suite import write_synthetic_cifar
-from speed.timing import interleaved, time_once
-from tasks.fork_server import start_fork_server
+from towerbench.config.params import ReportConfig, SweepGrid, TrackingConfig
+from towerbench.config.sections import DataConfig, TrainConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.speed.settings import BenchSettings
+from towerbench.speed.suite import write_synthetic_cifar
+from towerbench.speed.timing import interleaved, time_once
+from towerbench.tasks.fork_server import start_fork_server
 
 DATASET = "benchcifar"
 TEST_EXAMPLES = 256
@@ -55,17 +55,24 @@ def _start_prefect_server() -> None:
     server imports beside it), then run an empty flow, so both are up before timing."""
     from prefect import flow
 
-    from flows.temporary_server import start_owned_temporary_server
+    from towerbench.serve.temporary_server import start_owned_temporary_server
 
     start_owned_temporary_server(SERVER_STARTUP_SECONDS)
     flow(name="bench-start-server")(lambda: None)()
+
+
+TRAINING_MODULES = "towerbench.tasks.evaluate, towerbench.model.training"
 
 
 def _start_training_process() -> None:
     """What the flow's one-process-per-configuration costs before training: a Python process
     importing TensorFlow, MLflow and the evaluation task (as tasks/train_worker.py does)."""
     subprocess.run(
-        [sys.executable, "-c", "import tensorflow, mlflow, tasks.evaluate, model.training"],
+        [
+            sys.executable,
+            "-c",
+            "import tensorflow, mlflow, towerbench.tasks.evaluate, towerbench.model.training",
+        ],
         check=True,
         capture_output=True,
     )
@@ -96,8 +103,8 @@ def flow_breakdown(tracking: TrackingConfig, flow: dict[str, Any]) -> dict[str, 
 
 def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> dict[str, Any]:
     """Median seconds of the direct calls and of the flow, and the overhead per configuration."""
-    from flows.sweep import sweep
-    from model.training import train
+    from towerbench.flows.sweep import sweep
+    from towerbench.model.training import train
 
     data = DataConfig(data_dir=work_dir / "data")
     write_synthetic_cifar(

@@ -8,8 +8,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from flows.console import CommandResult
-from flows.options import (
+from towerbench.cli.console import CommandResult
+from towerbench.cli.options import (
     add_json_option,
     add_model_options,
     add_params_option,
@@ -17,9 +17,9 @@ from flows.options import (
     overrides_from_args,
     values_from_args,
 )
-from flows.params import Override, load
-from model.config import DataConfig, TrainConfig
-from model.params import (
+from towerbench.config.grid import expand
+from towerbench.config.load import Override, load
+from towerbench.config.params import (
     SWEEP_AXES,
     Params,
     ReportConfig,
@@ -27,7 +27,7 @@ from model.params import (
     TrackingConfig,
     TrainGrid,
 )
-from model.sweep import expand
+from towerbench.config.sections import DataConfig, TrainConfig
 
 # Prefect starts a temporary API server when none is configured; its default 20 s start-up
 # budget is too short on a busy 2-core machine.
@@ -45,13 +45,13 @@ def _prepare_prefect(params: Params) -> None:
     os.environ.setdefault(
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(EPHEMERAL_STARTUP_SECONDS)
     )
-    from tasks.preflight import check_servers
+    from towerbench.tasks.preflight import check_servers
 
     check_servers(params.tracking.tracking_uri)  # before the slow imports and any training
-    from tasks.fork_server import start_fork_server_for
+    from towerbench.tasks.fork_server import start_fork_server_for
 
     start_fork_server_for(expand(params.train, params.sweep), params.sweep.pool)
-    from flows.temporary_server import start_owned_temporary_server
+    from towerbench.serve.temporary_server import start_owned_temporary_server
 
     start_owned_temporary_server(EPHEMERAL_STARTUP_SECONDS)
 
@@ -119,7 +119,7 @@ def _result(outcome: dict[str, Any]) -> CommandResult:
 def run_sweep_command(args: argparse.Namespace) -> CommandResult:
     params = sweep_run_from_args(args)
     _prepare_prefect(params)
-    from flows.sweep import sweep_params
+    from towerbench.flows.sweep import sweep_params
 
     return _result(sweep_params(params, fresh=args.fresh))
 
@@ -129,8 +129,8 @@ def run_pipeline_command(args: argparse.Namespace) -> CommandResult:
     overrides = overrides_from_args(TrackingConfig, args)
     params = _checked(load(args.params, overrides))
     _prepare_prefect(params)
-    from flows.pipeline import pipeline
-    from flows.run_form import form_parameters
+    from towerbench.config.run_form import form_parameters
+    from towerbench.flows.pipeline import pipeline
 
     form = form_parameters(params, args.params)
     form["advanced"] = {".".join(override.key): override.value for override in overrides}
@@ -145,10 +145,10 @@ def _params_with_options(args: argparse.Namespace) -> Params:
 
 def run_report_command(args: argparse.Namespace) -> int:
     params = _params_with_options(args)
-    from tasks.preflight import check_servers
+    from towerbench.tasks.preflight import check_servers
 
     check_servers(params.tracking.tracking_uri, prefect=False)
-    from tasks.report import write_report
+    from towerbench.tasks.report import write_report
 
     print(write_report(params.tracking, args.sweep, params.report))
     return 0
@@ -156,7 +156,7 @@ def run_report_command(args: argparse.Namespace) -> int:
 
 def run_serve_command(args: argparse.Namespace) -> int:
     params = _params_with_options(args)
-    from flows.deployments import serve
+    from towerbench.serve.deployments import serve
 
     serve(params, args.params)
     return 0
@@ -164,7 +164,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
 
 def run_ui_command(args: argparse.Namespace) -> int:
     params = _params_with_options(args)
-    from flows.deployments import run_ui
+    from towerbench.serve.deployments import run_ui
 
     run_ui(params, args.params)
     return 0
