@@ -28,6 +28,7 @@ from typing import Any
 from towerbench.config.params import ReportConfig, SweepGrid, TrackingConfig
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.outcome import Status
 from towerbench.speed.settings import BenchSettings
 from towerbench.speed.suite import write_synthetic_cifar
 from towerbench.speed.timing import interleaved, time_once
@@ -130,12 +131,12 @@ def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> d
     def flow_run() -> None:
         started = time.time()
         outcome = sweep(train=config, sweep=grid, tracking=tracking, report=report, data=data)
-        last_flow.update(started=started, ended=time.time(), parent=outcome["parent_run_id"])
-        for run in outcome["configs"]:
-            if run["status"] != "completed":
+        last_flow.update(started=started, ended=time.time(), parent=outcome.parent_run_id)
+        for run in outcome.configs:
+            if run.status != Status.COMPLETED:
                 raise TowerbenchError(
-                    f"bench: the flow's training run {run['status']}: "
-                    f"{run.get('error', 'no error message')}"
+                    f"bench: the flow's training run {run.status}: "
+                    f"{run.error or 'no error message'}"
                 )
 
     def direct_runs() -> None:

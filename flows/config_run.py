@@ -14,7 +14,6 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from mlflow.entities import Run
 from prefect import flow, get_run_logger
@@ -22,12 +21,12 @@ from prefect.runtime import flow_run
 
 from towerbench.config.params import TrackingConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.outcome import Outcome, Status
 from towerbench.tasks.data_check import ensure_data
 from towerbench.tasks.fork_server import start_fork_server_for
 from towerbench.tasks.tracking import (
     ATTEMPT_TAG,
     DEVICES_TAG,
-    DONE_STATUSES,
     FLOW_RUN_TAG,
     HOST_TAG,
     WORKER_TAG,
@@ -73,7 +72,7 @@ def _owner(run: Run) -> int:
 
 
 @flow(name=CONFIG_FLOW)
-def train_config(request: WorkerRequest, name: str, attempt: int = 1) -> dict[str, Any]:
+def train_config(request: WorkerRequest, name: str, attempt: int = 1) -> Outcome:
     """Train one configuration of a sweep on this worker's devices; a relative `data_dir` is
     taken in the worker's project folder."""
     logger = get_run_logger()
@@ -82,8 +81,8 @@ def train_config(request: WorkerRequest, name: str, attempt: int = 1) -> dict[st
     tracking = TrackingConfig(tracking_uri=request.tracking_uri)
     run = client_for(tracking).get_run(request.run_id)
     earlier = run_outcome(run)
-    if earlier["status"] in DONE_STATUSES:  # an earlier attempt finished after all
-        logger.info("%s: already %s", name, earlier["status"])
+    if earlier.status.ended:  # an earlier attempt finished after all
+        logger.info("%s: already %s", name, earlier.status)
         return earlier
     if _owner(run) != attempt:
         raise TowerbenchError(f"{name}: attempt {attempt} was replaced by a later one")
@@ -100,7 +99,7 @@ def train_config(request: WorkerRequest, name: str, attempt: int = 1) -> dict[st
         DEVICES_TAG: os.environ.get(DEVICES_ENV, "all"),
         FLOW_RUN_TAG: str(flow_run.get_id()),
     }
-    reopen_run(tracking, request.run_id, "running")
+    reopen_run(tracking, request.run_id, Status.RUNNING)
     set_tags(tracking, request.run_id, placement)
     logger.info("%s: attempt %d on %s", name, attempt, placement[WORKER_TAG])
     checkpoints = checkpoint_dir(data_dir, request.run_id)

@@ -13,7 +13,6 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 from uuid import UUID
 
 from prefect import get_run_logger
@@ -26,10 +25,10 @@ from prefect.states import Cancelling, Crashed
 
 from towerbench.config.params import TrackingConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.outcome import Outcome, Status
 from towerbench.flows.config_run import deployment_name
 from towerbench.tasks.tracking import (
     ATTEMPT_TAG,
-    DONE_STATUSES,
     client_for,
     mark_failed,
     mark_killed,
@@ -70,7 +69,7 @@ def check_served(pool: str) -> None:
             ) from None
 
 
-def _outcome(tracking: TrackingConfig, run_id: str) -> dict[str, Any]:
+def _outcome(tracking: TrackingConfig, run_id: str) -> Outcome:
     return run_outcome(client_for(tracking).get_run(run_id))
 
 
@@ -116,13 +115,13 @@ def _lost(job: Job, flow_run: FlowRun, online: set[str]) -> str | None:
     return None
 
 
-def _ended(job: Job, flow_run: FlowRun, tracking: TrackingConfig) -> dict[str, Any] | None:
+def _ended(job: Job, flow_run: FlowRun, tracking: TrackingConfig) -> Outcome | None:
     """The configuration's outcome once its flow run ended for good, else None."""
     state = flow_run.state
     if state is None or not (state.is_final() and not state.is_crashed()):
         return None
     outcome = _outcome(tracking, job.request.run_id)
-    if outcome["status"] in DONE_STATUSES or outcome["status"] == "failed":
+    if outcome.status != Status.RUNNING:
         return outcome
     # It ended before the worker could record anything (an import error, MLflow refusing it).
     if state.is_cancelled():
@@ -136,7 +135,7 @@ def _ended(job: Job, flow_run: FlowRun, tracking: TrackingConfig) -> dict[str, A
         mark_killed(tracking, job.request.run_id, error)
     else:
         mark_failed(tracking, job.request.run_id, error)
-    return {"status": "failed", "error": error}
+    return Outcome.failed(error)
 
 
 def _follow(
@@ -144,7 +143,7 @@ def _follow(
     client: SyncPrefectClient,
     waiting: list[Job],
     tracking: TrackingConfig,
-    on_done: Callable[[Job, dict[str, Any]], None],
+    on_done: Callable[[Job, Outcome], None],
 ) -> None:
     """Poll until every job ended, submitting lost ones again."""
     logger = get_run_logger()
@@ -171,7 +170,7 @@ def _follow(
             if lost is not None:
                 client.set_flow_run_state(job.flow_run_id, Crashed(message=lost), force=True)
                 outcome = _outcome(tracking, job.request.run_id)  # it may have just finished
-                if outcome["status"] not in DONE_STATUSES:
+                if not outcome.status.ended:
                     if job.attempt < MAX_ATTEMPTS:
                         logger.warning(
                             "%s attempt %d %s: submitted again", job.name, job.attempt, lost
@@ -180,7 +179,7 @@ def _follow(
                         continue
                     error = f"lost {job.attempt} times on pool {pool!r}; the last: {lost}"
                     mark_failed(tracking, job.request.run_id, error)
-                    outcome = {"status": "failed", "error": error}
+                    outcome = Outcome.failed(error)
             if outcome is not None:
                 waiting.remove(job)
                 on_done(job, outcome)
@@ -190,7 +189,7 @@ def run_on_pool(
     pool: str,
     jobs: list[Job],
     tracking: TrackingConfig,
-    on_done: Callable[[Job, dict[str, Any]], None],
+    on_done: Callable[[Job, Outcome], None],
 ) -> None:
     """Submit every job to `pool` and follow them to the end; `on_done(job, outcome)` as each
     ends. Stopped (Ctrl-C, SIGTERM), it cancels the flow runs it leaves and marks their runs

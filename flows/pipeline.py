@@ -38,8 +38,8 @@ def run_pipeline(
     data_version = preprocess_task(stages)
     outcome = sweep_params(params, data_version=data_version, kind=kind, fresh=fresh)
     # The top-level run shows the report too, with where to find it.
-    lead = f"MLflow parent run: {outcome['mlflow_url']}\n\n"
-    publish_artifact(Path(outcome["report"]), key=f"{kind}-report", lead=lead)
+    lead = f"MLflow parent run: {outcome.mlflow_url}\n\n"
+    publish_artifact(Path(outcome.report), key=f"{kind}-report", lead=lead)
     return outcome
 
 

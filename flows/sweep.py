@@ -1,7 +1,10 @@
 """The `sweep` flow: one training process per configuration, tracked in MLflow, then the report.
 
-Running the same sweep again (same configurations, same data) resumes the newest unfinished one:
-finished configurations are reused, an interrupted one continues from its checkpoint
+Read top to bottom: `plan_sweep` (the configurations, their data versions, the resume key),
+`open_sweep` (resume the newest unfinished identical sweep, or start its MLflow parent run),
+`train_each` (here, one process per configuration, or on a pool's workers) and `finish_sweep`
+(the failures artifact and the report). Running the same sweep again resumes: finished
+configurations are reused, an interrupted one continues from its checkpoint
 (DATA_DIR/checkpoints/<run id>, saved every epoch) in the same MLflow run. `fresh=True` starts anew.
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 from uuid import UUID
@@ -29,12 +33,11 @@ from towerbench.config.params import Params, ReportConfig, SweepGrid, TrackingCo
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.config.tracking_uri import PROJECT_DIR, resolve_tracking
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.outcome import ConfigSummary, Outcome, Status, SweepResult
 from towerbench.tasks.data_check import manifest_digest
 from towerbench.tasks.fork_server import start_fork_server_for
 from towerbench.tasks.report import make_report
 from towerbench.tasks.tracking import (
-    DONE_STATUSES,
-    STATUS_TAG,
     config_key,
     create_config_run,
     ensure_experiment,
@@ -54,47 +57,162 @@ from towerbench.tasks.train_worker import WorkerRequest
 FlowKind = Literal["sweep", "pipeline", "benchmark"]
 
 
-def _summary(run_id: str, name: str, config: TrainConfig, outcome: dict[str, Any]) -> dict:
-    summary = {
-        "run_id": run_id,
-        "name": name,
-        "towers": config.towers,
-        "workers": config.workers,
-        "seed": config.seed,
-        "status": outcome["status"],
-        "test_accuracy": outcome.get("test_accuracy"),
+@dataclass(frozen=True)
+class SweepPlan:
+    """What a sweep trains: the configurations, the data version of each dataset and the key
+    that finds an interrupted identical sweep."""
+
+    configs: list[TrainConfig]
+    swept: list[str]  # training fields varied besides the sweep's axes (named in run names)
+    versions: dict[str, str]  # dataset -> data version
+    key: str
+    data_dir: Path
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """The sweep's MLflow parent run, and its children from an interrupted attempt."""
+
+    tracking: TrackingConfig
+    experiment_id: str
+    parent_run_id: str
+    previous: dict[str, Run]  # config_key -> run
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A configuration still to train, and its run from an interrupted attempt, if any."""
+
+    index: int
+    name: str
+    config: TrainConfig
+    earlier: Run | None
+
+
+def summarize(run_id: str, name: str, config: TrainConfig, outcome: Outcome) -> ConfigSummary:
+    """The sweep's line for one configuration."""
+    place = {"run_id": run_id, "name": name, "seed": config.seed}
+    shape = {"towers": config.towers, "workers": config.workers}
+    return ConfigSummary(**outcome.model_dump(), **place, **shape)
+
+
+def plan_sweep(
+    configs: list[TrainConfig],
+    train: TrainConfig,
+    sweep: SweepGrid,
+    data_dir: Path,
+    data_version: str | None,
+    kind: FlowKind,
+) -> SweepPlan:
+    """Each dataset's version (`data_version` for the main one when given, else its manifest's
+    digest) and the resume key of `configs` on those versions."""
+    datasets = dict.fromkeys([train.dataset, *(config.dataset for config in configs)])
+    versions = {
+        dataset: (data_version if dataset == train.dataset and data_version else None)
+        or manifest_digest(data_dir, dataset)
+        for dataset in datasets
     }
-    for optional in ("error", "unstable", "worker"):
-        if outcome.get(optional):
-            summary[optional] = outcome[optional]
-    return summary
+    key = sweep_key(configs, list(versions.values()), kind)
+    return SweepPlan(configs, swept_fields(sweep), versions, key, data_dir)
 
 
-def _failure_summary(summaries: list[dict[str, Any]]) -> str:
-    failed = [summary for summary in summaries if summary["status"] == "failed"]
-    lines = [f"**{len(failed)} of {len(summaries)} configurations failed.**", ""]
-    lines += [f"- `{summary['name']}`: {summary.get('error', 'see its log')}" for summary in failed]
-    return "\n".join(lines)
-
-
-def _train_here(
-    request: WorkerRequest,
-    name: str,
+def open_sweep(
     tracking: TrackingConfig,
-    progress: UUID,
-    span: tuple[float, float],
-) -> dict[str, Any]:
-    """One configuration in a process of this machine; its summary."""
-    state = train_configuration(request, name, tracking, progress, span, return_state=True)
+    plan: SweepPlan,
+    train: TrainConfig,
+    sweep: SweepGrid,
+    kind: FlowKind,
+    fresh: bool,
+) -> SweepRun:
+    """Reopen the newest unfinished sweep with the same key (unless `fresh`), else start one."""
+    experiment_id = ensure_experiment(tracking, experiment_name(tracking, train))
+    parent_run_id = None if fresh else unfinished_sweep(tracking, experiment_id, plan.key)
+    if parent_run_id is not None:
+        reopen_run(tracking, parent_run_id)
+        previous = sweep_children(tracking, parent_run_id)
+        done = sum(run_outcome(run).status.ended for run in previous.values())
+        get_run_logger().info(
+            "resuming sweep %s: %d of %d runs done", parent_run_id, done, len(plan.configs)
+        )
+        return SweepRun(tracking, experiment_id, parent_run_id, previous)
+    parent_run_id = start_sweep_run(
+        tracking,
+        experiment_id,
+        name=f"{kind} {train.dataset} {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        flow=kind,
+        params={
+            "train": train.model_dump(mode="json"),
+            "sweep": sweep.model_dump(mode="json"),
+            "data_version": plan.versions[train.dataset],
+        },
+        swept=plan.swept,
+        key=plan.key,
+    )
+    return SweepRun(tracking, experiment_id, parent_run_id, {})
+
+
+def reuse_finished(
+    plan: SweepPlan, run: SweepRun
+) -> tuple[dict[int, ConfigSummary], list[Pending]]:
+    """The configurations an earlier attempt finished (index -> summary), and the rest."""
+    finished: dict[int, ConfigSummary] = {}
+    pending: list[Pending] = []
+    for index, config in enumerate(plan.configs):
+        name = run_name(config, plan.swept)
+        earlier = run.previous.get(config_key(config))
+        outcome = run_outcome(earlier) if earlier is not None else None
+        if outcome is not None and outcome.status.ended:
+            finished[index] = summarize(earlier.info.run_id, name, config, outcome)
+            get_run_logger().info("%s: done in an earlier attempt, reused", name)
+        else:
+            pending.append(Pending(index, name, config, earlier))
+    return finished, pending
+
+
+def open_config_run(plan: SweepPlan, run: SweepRun, job: Pending) -> WorkerRequest:
+    """The configuration's MLflow run (its interrupted one, or a new child) and the request that
+    trains it; opened just before it trains, so a stopped sweep leaves no run RUNNING that never
+    started."""
+    version = plan.versions[job.config.dataset]
+    if job.earlier is not None:
+        run_id = job.earlier.info.run_id
+        reopen_run(run.tracking, run_id, Status.RUNNING)
+    else:
+        group = group_name(job.config, plan.swept)
+        run_id = create_config_run(
+            run.tracking,
+            run.experiment_id,
+            run.parent_run_id,
+            job.config,
+            job.name,
+            group,
+            version,
+        )
+    return WorkerRequest(
+        config=job.config,
+        data_dir=plan.data_dir,
+        tracking_uri=run.tracking.tracking_uri or "",
+        run_id=run_id,
+        data_version=version,
+        checkpoint_dir=checkpoint_dir(plan.data_dir, run_id),
+    )
+
+
+def train_here(plan: SweepPlan, run: SweepRun, job: Pending, progress: UUID) -> ConfigSummary:
+    """One configuration in a process of this machine."""
+    total = len(plan.configs)
+    span = (100 * job.index / total, 100 * (job.index + 1) / total)
+    request = open_config_run(plan, run, job)
+    state = train_configuration(request, job.name, run.tracking, progress, span, return_state=True)
     if state.is_failed():
-        outcome = {"status": "failed", "error": str(state.result(raise_on_failure=False))}
+        outcome = Outcome.failed(str(state.result(raise_on_failure=False)))
     else:
         outcome = state.result()
         shutil.rmtree(request.checkpoint_dir, ignore_errors=True)  # the model is in MLflow
-    return _summary(request.run_id, name, request.config, outcome)
+    return summarize(request.run_id, job.name, job.config, outcome)
 
 
-def _on_workers(data_dir: Path) -> Path:
+def on_workers(data_dir: Path) -> Path:
     """The data folder as workers find it: relative to the project (the folder the sweep runs
     in, else towerbench's checkout) when it lies inside it, so each worker takes it in its own
     `--project`; else as is (a shared mount)."""
@@ -104,33 +222,61 @@ def _on_workers(data_dir: Path) -> Path:
     return data_dir
 
 
-def _train_on_pool(
-    pool: str,
-    jobs: list[tuple[int, str, WorkerRequest]],
-    data_dir: Path,
-    tracking: TrackingConfig,
-    progress: UUID,
-) -> dict[int, dict[str, Any]]:
+def train_on_pool(
+    pool: str, plan: SweepPlan, run: SweepRun, pending: list[Pending], progress: UUID
+) -> dict[int, ConfigSummary]:
     """The configurations as flow runs of `pool`'s workers; index -> summary."""
-    from towerbench.flows.fan_out import Job, run_on_pool
+    from towerbench.flows.fan_out import Job, check_served, run_on_pool
 
-    if not (tracking.tracking_uri or "").startswith(("http://", "https://")):
+    check_served(pool)  # before any run is opened
+    if not (run.tracking.tracking_uri or "").startswith(("http://", "https://")):
         get_run_logger().warning(
             "tracking URI %s is not a server: only workers on this host can log to it",
-            tracking.tracking_uri,
+            run.tracking.tracking_uri,
         )
-    update = {"data_dir": _on_workers(data_dir), "checkpoint_dir": None}
-    on_workers = [
-        Job(index, request.model_copy(update=update), name) for index, name, request in jobs
+    update = {"data_dir": on_workers(plan.data_dir), "checkpoint_dir": None}
+    jobs = [
+        Job(job.index, open_config_run(plan, run, job).model_copy(update=update), job.name)
+        for job in pending
     ]
-    summaries: dict[int, dict[str, Any]] = {}
+    summaries: dict[int, ConfigSummary] = {}
 
-    def on_done(job: Job, outcome: dict[str, Any]) -> None:
-        summaries[job.index] = _summary(job.request.run_id, job.name, job.request.config, outcome)
+    def on_done(job: Job, outcome: Outcome) -> None:
+        summaries[job.index] = summarize(job.request.run_id, job.name, job.request.config, outcome)
         update_progress_artifact(progress, 100 * len(summaries) / len(jobs))
 
-    run_on_pool(pool, on_workers, tracking, on_done)
+    run_on_pool(pool, jobs, run.tracking, on_done)
     return summaries
+
+
+def train_each(plan: SweepPlan, run: SweepRun, pool: str | None) -> list[ConfigSummary]:
+    """Every configuration: reused from an earlier attempt, or trained here or on `pool`."""
+    summaries, pending = reuse_finished(plan, run)
+    progress = create_progress_artifact(
+        0.0, key="sweep-progress", description=f"Training {len(plan.configs)} runs"
+    )
+    if pool is None:
+        summaries |= {job.index: train_here(plan, run, job, progress) for job in pending}
+    else:
+        summaries |= train_on_pool(pool, plan, run, pending, progress)
+    return [summaries[index] for index in sorted(summaries)]
+
+
+def finish_sweep(summaries: list[ConfigSummary], run: SweepRun, report: ReportConfig) -> str:
+    """Fail when every configuration failed; else note the failures and write the report."""
+    failed = [summary for summary in summaries if summary.status == Status.FAILED]
+    if len(failed) == len(summaries):
+        raise TowerbenchError(
+            f"all {len(summaries)} configurations failed; the first: "
+            f"{failed[0].error or 'see its log'}"
+        )
+    if failed:
+        lines = [f"**{len(failed)} of {len(summaries)} configurations failed.**", ""]
+        lines += [f"- `{summary.name}`: {summary.error or 'see its log'}" for summary in failed]
+        create_markdown_artifact(
+            "\n".join(lines), key="sweep-failures", description="Configurations that failed"
+        )
+    return make_report(run.tracking, run.parent_run_id, report)
 
 
 @flow(name="sweep", flow_run_name="sweep {train.dataset}")
@@ -143,116 +289,25 @@ def sweep(
     data_version: str | None = None,
     kind: FlowKind = "sweep",
     fresh: bool = False,
-) -> dict[str, Any]:
+) -> SweepResult:
     """Train `train` with every combination of the `sweep` lists (each run in its own process),
     then compare them.
 
     A configuration that fails or diverges is recorded as such and the sweep goes on; the sweep
     fails when every configuration failed, and otherwise completes with a "k of n failed"
-    artifact. Returns the parent run id, one summary per configuration and the report's path.
+    artifact.
     """
-    logger = get_run_logger()
     tracking = resolve_tracking(tracking)
-    data_dir = Path(data.data_dir).resolve()
     configs = expand(train, sweep)
     start_fork_server_for(configs, sweep.pool)  # imports beside the set-up (unless started)
-    extra = swept_fields(sweep)
-    versions = {
-        dataset: (data_version if dataset == train.dataset and data_version else None)
-        or manifest_digest(data_dir, dataset)
-        for dataset in dict.fromkeys([train.dataset, *(c.dataset for c in configs)])
-    }
-    key = sweep_key(configs, list(versions.values()), kind)
-    experiment_id = ensure_experiment(tracking, experiment_name(tracking, train))
-    parent_run_id = None if fresh else unfinished_sweep(tracking, experiment_id, key)
-    previous = {}
-    if parent_run_id is not None:
-        reopen_run(tracking, parent_run_id)
-        previous = sweep_children(tracking, parent_run_id)
-        done = sum(run.data.tags.get(STATUS_TAG) in DONE_STATUSES for run in previous.values())
-        logger.info("resuming sweep %s: %d of %d runs done", parent_run_id, done, len(configs))
-    else:
-        parent_run_id = start_sweep_run(
-            tracking,
-            experiment_id,
-            name=f"{kind} {train.dataset} {time.strftime('%Y-%m-%d %H:%M:%S')}",
-            flow=kind,
-            params={
-                "train": train.model_dump(mode="json"),
-                "sweep": sweep.model_dump(mode="json"),
-                "data_version": versions[train.dataset],
-            },
-            swept=extra,
-            key=key,
-        )
-    mlflow_url = run_url(tracking, experiment_id, parent_run_id)
-    logger.info("%d runs; MLflow parent run %s", len(configs), mlflow_url)
-    progress = create_progress_artifact(
-        0.0, key="sweep-progress", description=f"Training {len(configs)} runs"
-    )
-    by_index: dict[int, dict[str, Any]] = {}  # configuration index -> summary
+    plan = plan_sweep(configs, train, sweep, Path(data.data_dir).resolve(), data_version, kind)
+    run = open_sweep(tracking, plan, train, sweep, kind, fresh)
+    mlflow_url = run_url(tracking, run.experiment_id, run.parent_run_id)
+    get_run_logger().info("%d runs; MLflow parent run %s", len(configs), mlflow_url)
     status = RunStatus.FAILED
     try:
-        pending = []
-        for index, config in enumerate(configs):
-            name = run_name(config, extra)
-            earlier = previous.get(config_key(config))
-            if earlier is not None and earlier.data.tags.get(STATUS_TAG) in DONE_STATUSES:
-                by_index[index] = _summary(earlier.info.run_id, name, config, run_outcome(earlier))
-                logger.info("%s: done in an earlier attempt, reused", name)
-            else:
-                pending.append((index, name, config, earlier))
-
-        def open_run(name: str, config: TrainConfig, earlier: Run | None) -> WorkerRequest:
-            """The configuration's MLflow run (its interrupted one, or a new child) and the
-            request that trains it; opened just before it trains, so a stopped sweep leaves no
-            run RUNNING that never started."""
-            if earlier is not None:
-                run_id = earlier.info.run_id
-                reopen_run(tracking, run_id, "running")
-            else:
-                run_id = create_config_run(
-                    tracking,
-                    experiment_id,
-                    parent_run_id,
-                    config,
-                    name,
-                    group_name(config, extra),
-                    versions[config.dataset],
-                )
-            return WorkerRequest(
-                config=config,
-                data_dir=data_dir,
-                tracking_uri=tracking.tracking_uri or "",
-                run_id=run_id,
-                data_version=versions[config.dataset],
-                checkpoint_dir=checkpoint_dir(data_dir, run_id),
-            )
-
-        if sweep.pool is None:
-            for index, name, config, earlier in pending:
-                span = (100 * index / len(configs), 100 * (index + 1) / len(configs))
-                request = open_run(name, config, earlier)
-                by_index[index] = _train_here(request, name, tracking, progress, span)
-        else:
-            from towerbench.flows.fan_out import check_served
-
-            check_served(sweep.pool)  # before any run is opened
-            jobs = [(i, name, open_run(name, c, earlier)) for i, name, c, earlier in pending]
-            by_index.update(_train_on_pool(sweep.pool, jobs, data_dir, tracking, progress))
-        summaries = [by_index[index] for index in sorted(by_index)]
-        if all(summary["status"] == "failed" for summary in summaries):
-            raise TowerbenchError(
-                f"all {len(summaries)} configurations failed; the first: "
-                f"{summaries[0].get('error', 'see its log')}"
-            )
-        if any(summary["status"] == "failed" for summary in summaries):
-            create_markdown_artifact(
-                _failure_summary(summaries),
-                key="sweep-failures",
-                description="Configurations that failed",
-            )
-        report_path = make_report(tracking, parent_run_id, report)
+        summaries = train_each(plan, run, sweep.pool)
+        report_path = finish_sweep(summaries, run, report)
         status = RunStatus.FINISHED
     except (KeyboardInterrupt, SystemExit, TerminationSignal):  # Prefect's own SIGTERM signal
         status = RunStatus.KILLED
@@ -265,17 +320,17 @@ def sweep(
         ) from None
     finally:
         with contextlib.suppress(MlflowException):  # the server may be what went away
-            finish_sweep_run(tracking, parent_run_id, RunStatus.to_string(status))
-    logger.info("report: %s", report_path)
-    return {
-        "parent_run_id": parent_run_id,
-        "mlflow_url": mlflow_url,
-        "configs": summaries,
-        "report": report_path,
-    }
+            finish_sweep_run(tracking, run.parent_run_id, RunStatus.to_string(status))
+    get_run_logger().info("report: %s", report_path)
+    return SweepResult(
+        parent_run_id=run.parent_run_id,
+        mlflow_url=mlflow_url,
+        configs=summaries,
+        report=report_path,
+    )
 
 
-def sweep_params(params: Params, **options: Any) -> dict[str, Any]:
+def sweep_params(params: Params, **options: Any) -> SweepResult:
     """The sweep that `params` describes (its train, sweep, tracking, report and data sections);
     `options` are the flow's other parameters (data_version, kind, fresh)."""
     return sweep(

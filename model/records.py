@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import Field, asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from towerbench.config.sections import TrainConfig
+from towerbench.core.outcome import Status
 
 # Field metadata: how a final metric is logged to MLflow (fields without it are not logged from
 # here: `global_batch` is already a config param, `unstable` is a tag).
@@ -162,7 +163,7 @@ class TrainResult:
     config: TrainConfig
     history: list[EpochRecord]
     final: FinalMetrics
-    status: Literal["completed", "diverged"]
+    status: Status  # completed or diverged
     confusion_matrix: np.ndarray  # [classes, classes], rows = true class, raw weights
     classes: list[str]
     model: Any = field(repr=False)  # keras.Model with the final raw weights

@@ -19,12 +19,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.outcome import Status
 from towerbench.model.clock import Clock
 from towerbench.model.cluster import Cluster, broadcast_from_chief, collective_failure, join
 from towerbench.model.devices import TowerDevices, configure_tower_devices, split_tower_devices
@@ -59,7 +60,7 @@ def train(
     cluster = _cluster(config)
     try:
         run = _set_up(config, Path(data_dir), checkpoint_dir, cluster)
-        while run.step < run.total_steps and run.status == "completed":
+        while run.step < run.total_steps and run.status == Status.COMPLETED:
             record = _train_one_epoch(run, on_progress)
             run.history.append(record)
             if run.checkpoints is not None and run.step < run.total_steps:
@@ -93,7 +94,7 @@ class _Run:
     checkpoints: Checkpoints | None
     history: list[EpochRecord]
     step: int
-    status: Literal["completed", "diverged"] = "completed"
+    status: Status = Status.COMPLETED
     clock: Clock = field(default_factory=Clock)
     last_report: float = field(default_factory=time.perf_counter)
     last_eval_epoch: float = 0.0
@@ -238,12 +239,12 @@ def _train_one_epoch(run: _Run, on_progress: ProgressCallback | None) -> EpochRe
             run.last_report = now
             # Workers check at the epoch's end only: they must stop at the same step.
             if run.cluster.workers == 1 and _diverged(run):
-                run.status = "diverged"
+                run.status = Status.DIVERGED
                 break
             if on_progress is not None:
                 on_progress(_progress(run))
     if _diverged(run):
-        run.status = "diverged"
+        run.status = Status.DIVERGED
     return _epoch_record(run)
 
 
@@ -281,7 +282,7 @@ def _epoch_record(run: _Run) -> EpochRecord:
 def _evaluation_due(run: _Run) -> bool:
     """Every `eval_every_epochs`, at the last step, and when the run stops early."""
     due = run.epoch - run.last_eval_epoch >= run.config.eval_every_epochs - 1e-9
-    return due or run.step >= run.total_steps or run.status != "completed"
+    return due or run.step >= run.total_steps or run.status != Status.COMPLETED
 
 
 def _test_metrics(run: _Run) -> dict[str, float]:

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 
 from towerbench.config.params import Params
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.processes import stop_tree
 from towerbench.serve.process_output import OutputRelay
 from towerbench.serve.telemetry import telemetry_off_unless_opted_in
 
@@ -26,6 +26,8 @@ BENCHMARK_DEPLOYMENT = "towerbench-nightly-benchmark"
 HOST = "127.0.0.1"
 PREFECT_PORT = 4200
 MLFLOW_PORT = 5000
+
+SERVER_STOP_GRACE_SECONDS = 20  # each server shuts down gracefully on SIGTERM
 
 
 def prefect_api_url() -> str | None:
@@ -195,24 +197,5 @@ def run_ui(params: Params, params_path: Path) -> None:
         )
     finally:
         for process in reversed(processes):  # serve first, while its server still answers
-            _stop(process)
+            stop_tree(process, SERVER_STOP_GRACE_SECONDS)
         relay.finish()
-
-
-def _stop(process: subprocess.Popen, grace_seconds: float = 20) -> None:
-    """SIGTERM (each of them shuts down gracefully on it), killed after the grace period; then
-    whatever it started and left behind (in sessions of their own, say) is killed too."""
-    try:
-        descendants = psutil.Process(process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        descendants = []
-    if process.poll() is None:
-        process.terminate()
-    try:
-        process.wait(timeout=grace_seconds)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    _, left_behind = psutil.wait_procs(descendants, timeout=5)
-    for orphan in left_behind:
-        orphan.kill()

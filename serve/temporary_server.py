@@ -15,6 +15,8 @@ import signal
 import subprocess
 import types
 
+from towerbench.core.processes import stop
+
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 STOP_GRACE_SECONDS = 2
 
@@ -49,14 +51,8 @@ def start_owned_temporary_server(timeout_seconds: int) -> None:
         def stop(self) -> None:
             # Stopped at our exit, when nothing waits on its answers any more: 2 s to shut down
             # (Prefect waits 5), then killed, so Ctrl-C ends the command within seconds.
-            process = self.server_process
-            if process is not None and process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=STOP_GRACE_SECONDS)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            if self.server_process is not None:
+                stop([self.server_process], STOP_GRACE_SECONDS)
             super().stop()
 
     OwnedServer().start(timeout=timeout_seconds)  # registered as Prefect's default server

@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import numpy as np  # noqa: E402
 
+from towerbench.core.outcome import Status
 from towerbench.model.records import EpochRecord  # noqa: E402
 from towerbench.model.tfrecords import dataset_dir, load_manifest  # noqa: E402
 
@@ -86,7 +87,7 @@ def log_evaluation(result: Any) -> None:
     config = result.config
     mlflow.log_figure(learning_curves_figure(result.history), "learning_curves.png")
     plt.close("all")
-    if result.status != "completed":
+    if result.status != Status.COMPLETED:
         return
 
     matrix = np.asarray(result.confusion_matrix)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from towerbench.core.processes import stop
 from towerbench.model.cluster import TF_CONFIG, local_tf_configs
 
 LAUNCHER_PID = "TOWERBENCH_LAUNCHER_PID"
@@ -101,26 +102,17 @@ def end_with_launcher() -> None:
         os._exit(143)
 
 
-def _stop(processes: list[subprocess.Popen]) -> None:
-    """SIGTERM the chief (it marks its run), SIGKILL the other workers (they hold nothing of
-    their own); SIGKILL what is left after the grace period."""
-    for index, process in enumerate(processes):
-        if process.poll() is None:
-            process.kill() if index else process.terminate()
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
-    for process in processes:
-        try:
-            process.wait(max(deadline - time.monotonic(), 0.01))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def _cause_first(codes: list[int | None]) -> list[int]:
     """The workers that failed, one killed by a signal first: it caused the others' collective
     errors (seen together, the order of their exits says nothing)."""
     ended = [index for index, code in enumerate(codes) if code]
     return sorted(ended, key=lambda index: codes[index] > 0)
+
+
+def _stop_chief_first(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM the chief (it marks its run), SIGKILL the other workers (they hold nothing of
+    their own); SIGKILL what is left after the grace period."""
+    stop(processes, STOP_GRACE_SECONDS, ask=[index == 0 for index in range(len(processes))])
 
 
 def _stop_all_when_one_fails(
@@ -138,7 +130,7 @@ def _stop_all_when_one_fails(
             deadline = time.monotonic() + FAILURE_GRACE_SECONDS
             while time.monotonic() < deadline and any(p.poll() is None for p in processes):
                 time.sleep(_POLL_SECONDS)
-            _stop(processes)
+            _stop_chief_first(processes)
             return
         time.sleep(_POLL_SECONDS)
 
@@ -189,7 +181,7 @@ def run_local_cluster(
             done.set()
             watcher.join()
         except BaseException:
-            _stop(processes)
+            _stop_chief_first(processes)
             raise
         finally:
             done.set()

@@ -18,11 +18,11 @@ from mlflow.tracking import MlflowClient
 
 from towerbench.config.params import TrackingConfig
 from towerbench.config.sections import TrainConfig
+from towerbench.core.outcome import Outcome, Status
 
 KIND_TAG = "towerbench.kind"  # "sweep" on parent runs, "config" on each configuration's run
 FLOW_TAG = "towerbench.flow"  # which flow made a sweep: "sweep", "pipeline" or "benchmark"
-STATUS_TAG = "towerbench.status"  # running | completed | diverged | failed
-DONE_STATUSES = ("completed", "diverged")  # a configuration that ended: reused on resume
+STATUS_TAG = "towerbench.status"  # a core.outcome.Status
 ERROR_TAG = "towerbench.error"
 CONFIG_TAG = "towerbench.config"  # the run's TrainConfig as JSON, to rebuild it exactly
 GROUP_TAG = "towerbench.group"  # the configuration without its seed
@@ -151,13 +151,13 @@ def sweep_children(tracking: TrackingConfig, parent_run_id: str) -> dict[str, Ru
     }
 
 
-def reopen_run(tracking: TrackingConfig, run_id: str, status_tag: str | None = None) -> None:
+def reopen_run(tracking: TrackingConfig, run_id: str, status: Status | None = None) -> None:
     """Mark a run of an interrupted sweep RUNNING again, without its old error."""
     client = client_for(tracking)
     if ERROR_TAG in client.get_run(run_id).data.tags:
         client.delete_tag(run_id, ERROR_TAG)
-    if status_tag is not None:
-        client.set_tag(run_id, STATUS_TAG, status_tag)
+    if status is not None:
+        client.set_tag(run_id, STATUS_TAG, status)
     client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
 
 
@@ -203,7 +203,7 @@ def create_config_run(
         tags={
             PARENT_TAG: parent_run_id,
             KIND_TAG: "config",
-            STATUS_TAG: "running",
+            STATUS_TAG: Status.RUNNING,
             GROUP_TAG: group,
             CONFIG_TAG: config.model_dump_json(),
             DATA_VERSION_TAG: data_version,
@@ -215,19 +215,17 @@ def create_config_run(
     return run.info.run_id
 
 
-def run_outcome(run: Run) -> dict[str, Any]:
+def run_outcome(run: Run) -> Outcome:
     """How a configuration's run ended, as the sweep summarises it: status, test accuracy, the
     pool worker that ran it, why it is unstable or failed."""
     tags = run.data.tags
-    outcome = {
-        "status": tags.get(STATUS_TAG, "failed"),
-        "test_accuracy": run.data.metrics.get("test_accuracy"),
-        "worker": tags.get(WORKER_TAG),
-    }
-    for key, tag in (("unstable", UNSTABLE_TAG), ("error", ERROR_TAG)):
-        if tags.get(tag):
-            outcome[key] = tags[tag]
-    return outcome
+    return Outcome(
+        status=tags.get(STATUS_TAG, Status.FAILED),
+        test_accuracy=run.data.metrics.get("test_accuracy"),
+        worker=tags.get(WORKER_TAG),
+        unstable=tags.get(UNSTABLE_TAG) or None,
+        error=tags.get(ERROR_TAG) or None,
+    )
 
 
 def set_tags(tracking: TrackingConfig, run_id: str, tags: dict[str, str]) -> None:
@@ -240,14 +238,16 @@ def mark_failed(tracking: TrackingConfig, run_id: str, error: str, log: str = ""
     client = client_for(tracking)
     if log:
         client.log_text(run_id, log, "training_process.log")
-    client.log_batch(run_id, tags=[RunTag(STATUS_TAG, "failed"), RunTag(ERROR_TAG, error[:5000])])
+    client.log_batch(
+        run_id, tags=[RunTag(STATUS_TAG, Status.FAILED), RunTag(ERROR_TAG, error[:5000])]
+    )
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
 
 
 def mark_killed(tracking: TrackingConfig, run_id: str, reason: str) -> None:
     """A run stopped from outside (Ctrl-C, SIGTERM, its sweep gone): KILLED, with the reason."""
     client = client_for(tracking)
-    client.log_batch(run_id, tags=[RunTag(STATUS_TAG, "failed"), RunTag(ERROR_TAG, reason)])
+    client.log_batch(run_id, tags=[RunTag(STATUS_TAG, Status.FAILED), RunTag(ERROR_TAG, reason)])
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.KILLED))
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,8 @@ from prefect.cache_policies import NO_CACHE
 
 from towerbench.config.params import TrackingConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.outcome import Outcome, Status
+from towerbench.core.processes import stop
 from towerbench.model.tfrecords import dataset_dir, load_manifest
 from towerbench.tasks.fork_server import TrainingProcess
 from towerbench.tasks.local_cluster import last_error, run_local_cluster
@@ -60,30 +61,19 @@ class TrainingFailed(Exception):
 STOP_GRACE_SECONDS = 3
 
 
-def _stop(process: TrainingProcess) -> None:
-    """SIGTERM (the worker marks its MLflow run KILLED, keeps its checkpoint), then SIGKILL."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(STOP_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 class _Events:
     """Reads the worker's stdout: events go to `on_event`, the result is kept."""
 
     def __init__(self, on_event: Callable[[dict[str, Any]], None]):
         self.on_event = on_event
-        self.result: dict[str, Any] | None = None
+        self.result: Outcome | None = None
 
     def __call__(self, line: str) -> None:
         if not line.startswith(EVENT_PREFIX):
             return
         event = json.loads(line.removeprefix(EVENT_PREFIX))
         if event["event"] == "result":
-            self.result = {key: value for key, value in event.items() if key != "event"}
+            self.result = Outcome.model_validate(event)
         else:
             self.on_event(event)
 
@@ -99,8 +89,8 @@ def training_environment(tracking_uri: str) -> dict[str, str]:
 def run_training_process(
     request: WorkerRequest,
     on_event: Callable[[dict[str, Any]], None],
-) -> dict[str, Any]:
-    """Run the worker to completion; returns its result, or a `failed` summary with the error.
+) -> Outcome:
+    """Run the worker to completion; returns its outcome (a failed one with the error and log).
 
     The worker runs in its own session, so a terminal's Ctrl-C reaches only this process, which
     then stops the worker itself; a worker whose parent disappears stops on its own.
@@ -119,20 +109,20 @@ def run_training_process(
         if outcome.status == 0 and events.result is not None:
             return events.result
         log_text = "\n".join(outcome.stderr)
-        return {"status": "failed", "error": "; ".join(outcome.failures()), "log": log_text}
+        return Outcome.failed("; ".join(outcome.failures()), log_text)
     with contextlib.closing(TrainingProcess(request.model_dump_json(), environment)) as process:
         try:
             for line in process.stdout:
                 events(line)
             returncode = process.wait()
         except BaseException:  # Ctrl-C, SIGTERM, a crash of ours: the worker ends with us
-            _stop(process)
+            stop([process], STOP_GRACE_SECONDS)
             raise
         process.log.seek(0)
         log_text = process.log.read()
     if returncode == 0 and events.result is not None:
         return events.result
-    return {"status": "failed", "error": _error_line(log_text, returncode), "log": log_text}
+    return Outcome.failed(_error_line(log_text, returncode), log_text)
 
 
 # Never cached: every call is a new training run with its own MLflow run.
@@ -143,7 +133,7 @@ def train_configuration(
     tracking: TrackingConfig,
     progress_artifact: UUID | None = None,
     progress_span: tuple[float, float] = (0.0, 100.0),
-) -> dict[str, Any]:
+) -> Outcome:
     """One configuration; a failed run is recorded in MLflow and raised as `TrainingFailed`, so
     its task shows Failed (the sweep goes on with the next configuration)."""
     logger = get_run_logger()
@@ -178,12 +168,10 @@ def train_configuration(
         raise
     if progress_artifact is not None:
         update_progress_artifact(progress_artifact, end)
-    if outcome["status"] == "failed":
-        mark_failed(tracking, request.run_id, outcome["error"], outcome.pop("log", ""))
-        raise TrainingFailed(f"{name}: {outcome['error']}")
-    logger.info(
-        "%s %s: test accuracy %.4f", name, outcome["status"], outcome.get("test_accuracy") or 0
-    )
-    if outcome.get("unstable"):
-        logger.warning("%s is unstable: %s", name, outcome["unstable"])
-    return {"run_id": request.run_id, "name": name, **outcome}
+    if outcome.status == Status.FAILED:
+        mark_failed(tracking, request.run_id, outcome.error or "", outcome.log)
+        raise TrainingFailed(f"{name}: {outcome.error}")
+    logger.info("%s %s: test accuracy %.4f", name, outcome.status, outcome.test_accuracy or 0)
+    if outcome.unstable:
+        logger.warning("%s is unstable: %s", name, outcome.unstable)
+    return outcome

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from towerbench.config.params import TrackingConfig
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.outcome import Outcome
 from towerbench.model import cluster
 from towerbench.model.records import EpochRecord, finite_numbers
 from towerbench.tasks.local_cluster import end_with_launcher
@@ -81,7 +82,7 @@ def epoch_step(epoch: float) -> int:
     return math.ceil(epoch)
 
 
-def run(request: WorkerRequest) -> dict[str, Any]:
+def run(request: WorkerRequest) -> Outcome:
     """Train, log live, evaluate; returns the summary sent back to the sweep."""
     import mlflow
     import tensorflow as tf
@@ -121,13 +122,13 @@ def run(request: WorkerRequest) -> dict[str, Any]:
     if final.unstable is not None:
         mlflow.set_tag(UNSTABLE_TAG, final.unstable)
     mlflow.set_tag(STATUS_TAG, result.status)
-    return {
-        "status": result.status,
-        "unstable": final.unstable,
-        "test_accuracy": final.test_accuracy,
-        "images_per_sec": final.images_per_sec,
-        "wall_time": final.wall_time,
-    }
+    return Outcome(
+        status=result.status,
+        unstable=final.unstable,
+        test_accuracy=final.test_accuracy,
+        images_per_sec=final.images_per_sec,
+        wall_time=final.wall_time,
+    )
 
 
 def _end_with_the_sweep(request: WorkerRequest, sweep_process: int) -> None:
@@ -191,15 +192,15 @@ def _train_and_log(request: WorkerRequest, sweep_process: int) -> int:
 
     mlflow.set_tracking_uri(request.tracking_uri)
     mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_SECONDS)
-    summary: dict[str, Any] = {}
+    outcomes: list[Outcome] = []
 
     def logged_run() -> None:
         with mlflow.start_run(run_id=request.run_id, log_system_metrics=True):
-            summary.update(run(request))
+            outcomes.append(run(request))
 
     status = _exit_status(logged_run)
     if status == 0:
-        emit("result", summary)
+        emit("result", outcomes[0].model_dump(mode="json"))
     return status
 
 

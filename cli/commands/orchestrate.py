@@ -6,7 +6,6 @@ import argparse
 import os
 import typing
 from pathlib import Path
-from typing import Any
 
 from towerbench.cli.console import CommandResult
 from towerbench.cli.options import (
@@ -28,6 +27,7 @@ from towerbench.config.params import (
     TrainGrid,
 )
 from towerbench.config.sections import DataConfig, TrainConfig
+from towerbench.core.outcome import Status, SweepResult
 
 # Prefect starts a temporary API server when none is configured; its default 20 s start-up
 # budget is too short on a busy 2-core machine.
@@ -92,27 +92,22 @@ def sweep_run_from_args(args: argparse.Namespace) -> Params:
     return _checked(load(args.params, overrides))
 
 
-def _result(outcome: dict[str, Any]) -> CommandResult:
-    for config in outcome["configs"]:
-        accuracy = config.get("test_accuracy")
-        shown = f"{accuracy:.4f}" if isinstance(accuracy, float) else "—"
-        error = f"  ({config['error']})" if config.get("error") else ""
-        print(f"{config['name']:<48} {config['status']:<9} test accuracy {shown}{error}")
-    print(f"MLflow parent run: {outcome['parent_run_id']}")
-    print(f"Report: {outcome['report']}")
-    document = {
-        "parent_run_id": outcome["parent_run_id"],
-        "configs": [
-            {
-                key: config.get(key)
-                for key in ("run_id", "towers", "workers", "seed", "status", "worker")
-            }
-            | {"test_accuracy": config.get("test_accuracy")}
-            for config in outcome["configs"]
-        ],
-        "report": outcome["report"],
-    }
-    status = 0 if any(config["status"] != "failed" for config in outcome["configs"]) else 1
+JSON_FIELDS = {"run_id", "towers", "workers", "seed", "status", "worker", "test_accuracy"}
+
+
+def _result(outcome: SweepResult) -> CommandResult:
+    for config in outcome.configs:
+        accuracy = config.test_accuracy
+        shown = f"{accuracy:.4f}" if accuracy is not None else "—"
+        error = f"  ({config.error})" if config.error else ""
+        print(f"{config.name:<48} {config.status:<9} test accuracy {shown}{error}")
+    print(f"MLflow parent run: {outcome.parent_run_id}")
+    print(f"Report: {outcome.report}")
+    document = outcome.model_dump(
+        mode="json",
+        include={"parent_run_id": True, "report": True, "configs": {"__all__": JSON_FIELDS}},
+    )
+    status = 0 if any(config.status != Status.FAILED for config in outcome.configs) else 1
     return CommandResult(status, document)
 
 

@@ -18,6 +18,7 @@ from towerbench.cli.options import (
 )
 from towerbench.config.load import Override, load
 from towerbench.config.sections import DataConfig, TrainConfig
+from towerbench.core.outcome import Status
 from towerbench.model.cluster import TF_CONFIG, Cluster
 from towerbench.model.records import EpochRecord
 from towerbench.model.training_data import load_training_data
@@ -171,7 +172,7 @@ def run_train(args: argparse.Namespace) -> CommandResult:
         "presets": config.preset_fields(),
         "classes": result.classes,
     }
-    return CommandResult(0 if result.status == "completed" else 1, summary)
+    return CommandResult(0 if result.status == Status.COMPLETED else 1, summary)
 
 
 def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:

@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 
 from towerbench.core.markdown import markdown_table
+from towerbench.core.outcome import Status
 from towerbench.tasks.report.statistics import GroupRow
 
 Column = tuple[str, Callable[[GroupRow], str]]
@@ -46,7 +47,7 @@ def _p_value(row: GroupRow) -> str:
 
 
 def _completed(row: GroupRow) -> int:
-    return sum(run.status == "completed" for run in row.runs)
+    return sum(run.status == Status.COMPLETED for run in row.runs)
 
 
 def _peak_lr(row: GroupRow) -> str:

@@ -8,6 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.outcome import Status
 from towerbench.model.records import LOSS_METRICS
 from towerbench.tasks.report.statistics import Curve, RunRecord
 from towerbench.tasks.tracking import (
@@ -58,6 +59,11 @@ def _float(value: str | float | None) -> float | None:
         return None
 
 
+def _untagged_status(run: Run) -> Status:
+    """A run its training process never tagged: failed if MLflow says so, else still running."""
+    return Status.FAILED if run.info.status == "FAILED" else Status.RUNNING
+
+
 def run_record(client: MlflowClient, run: Run) -> RunRecord:
     tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
     curve, loss_curves = _curves(client, run.info.run_id)
@@ -66,7 +72,7 @@ def run_record(client: MlflowClient, run: Run) -> RunRecord:
         name=run.info.run_name,
         group=tags.get(GROUP_TAG, run.info.run_name),
         config=TrainConfig.from_stored(tags[CONFIG_TAG]),
-        status=tags.get(STATUS_TAG, "failed" if run.info.status == "FAILED" else "running"),
+        status=Status(tags.get(STATUS_TAG, _untagged_status(run))),
         final_accuracy=metrics.get("test_accuracy"),
         images_per_sec=metrics.get("images_per_sec"),
         effective_lr=_float(params.get("effective_lr")),

@@ -12,6 +12,7 @@ import numpy as np
 from scipy import stats
 
 from towerbench.config.sections import TrainConfig
+from towerbench.core.outcome import Status
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class RunRecord:
     name: str
     group: str
     config: TrainConfig
-    status: str  # completed | diverged | failed | running
+    status: Status
     final_accuracy: float | None
     images_per_sec: float | None
     effective_lr: float | None
@@ -183,7 +184,7 @@ def group_rows(
         return [
             run.final_accuracy
             for run in group
-            if run.status == "completed" and run.final_accuracy is not None
+            if run.status == Status.COMPLETED and run.final_accuracy is not None
         ]
 
     baselines = {name: _baseline_for(group, groups, swept) for name, group in groups.items()}
@@ -196,7 +197,7 @@ def group_rows(
 
     rows: dict[str, GroupRow] = {}
     for name, group in groups.items():
-        completed = [run for run in group if run.status == "completed"]
+        completed = [run for run in group if run.status == Status.COMPLETED]
         times = [
             time_to_target(run.curve, target_accuracy) if target_accuracy is not None else None
             for run in completed

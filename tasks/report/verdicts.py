@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 
 from towerbench.config.sections import TrainConfig
+from towerbench.core.outcome import Status
 from towerbench.tasks.report.statistics import GroupRow, RunRecord, group_rows
 
 Applies = Callable[[TrainConfig], bool]
@@ -111,8 +112,8 @@ def _unstable(row: GroupRow, rows: list[GroupRow], unstable: list[RunRecord]) ->
 def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> str:
     """One plain-language sentence: is the difference real, and what to change."""
     config = row.config
-    failed = [run for run in row.runs if run.status == "failed"]
-    diverged = [run for run in row.runs if run.status == "diverged"]
+    failed = [run for run in row.runs if run.status == Status.FAILED]
+    diverged = [run for run in row.runs if run.status == Status.DIVERGED]
     if len(failed) == len(row.runs):
         return f"failed: {failed[0].error or 'see the run log'}"
     if diverged:
@@ -131,7 +132,7 @@ def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> s
     if row.unstable:
         text = _unstable(row, rows, row.unstable)
         return f"baseline, but {text}" if row.is_baseline else text
-    if row.accuracy.count == 0 and any(run.status == "running" for run in row.runs):
+    if row.accuracy.count == 0 and any(run.status == Status.RUNNING for run in row.runs):
         return "still running: no seed has finished yet"
     if row.is_baseline:
         return "baseline"

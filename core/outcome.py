@@ -1,0 +1,60 @@
+"""What became of a configuration's training run: one vocabulary for the training process, the
+tracking code, the sweep, a pool's fan-out and the command line."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Status(StrEnum):
+    """A configuration's state, as its MLflow run's `towerbench.status` tag records it."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    DIVERGED = "diverged"
+    FAILED = "failed"
+
+    @property
+    def ended(self) -> bool:
+        """Trained to its end (a resumed sweep reuses it rather than training it again)."""
+        return self in (Status.COMPLETED, Status.DIVERGED)
+
+
+class Outcome(BaseModel):
+    """How one training run ended."""
+
+    model_config = ConfigDict(frozen=True)
+
+    status: Status
+    test_accuracy: float | None = None
+    unstable: str | None = None  # why a completed run counts as unstable (learning collapsed)
+    error: str | None = None  # why it failed, in one line
+    worker: str | None = None  # the pool worker that ran it
+    images_per_sec: float | None = None
+    wall_time: float | None = None
+    log: str = Field(default="", exclude=True, repr=False)  # a failed process's stderr
+
+    @classmethod
+    def failed(cls, error: str, log: str = "") -> Outcome:
+        return cls(status=Status.FAILED, error=error, log=log)
+
+
+class ConfigSummary(Outcome):
+    """A configuration of a sweep, its MLflow run and how it ended."""
+
+    run_id: str
+    name: str
+    towers: int
+    workers: int
+    seed: int
+
+
+class SweepResult(BaseModel):
+    """What a sweep returns: its MLflow parent run, every configuration, the report."""
+
+    parent_run_id: str
+    mlflow_url: str
+    configs: list[ConfigSummary]
+    report: str
