@@ -5,6 +5,7 @@ orchestrating processes free of TensorFlow and scikit-learn."""
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -131,6 +132,13 @@ def test_no_circle_of_imports_inside_a_package(package: str) -> None:
 @pytest.mark.slow
 def test_the_installed_package_is_towerbench_alone(tmp_path) -> None:
     """The wheel holds one top-level package, `towerbench`, with every module of every floor."""
+    source = tmp_path / "source"  # setuptools writes build/ beside the sources
+    for package in FLOORS:
+        shutil.copytree(
+            ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     subprocess.run(
         [
             sys.executable,
@@ -142,7 +150,7 @@ def test_the_installed_package_is_towerbench_alone(tmp_path) -> None:
             "-q",
             "-w",
             str(tmp_path),
-            str(ROOT),
+            str(source),
         ],
         check=True,
     )
@@ -180,3 +188,16 @@ def test_orchestrating_processes_import_neither_tensorflow_nor_scikit_learn() ->
     ]
     modules += ["towerbench.flows.fan_out", "towerbench.flows.config_run"]
     assert loaded_alongside(modules, {"sklearn", "tensorflow"}) == []
+
+
+@pytest.mark.parametrize("package", ["flows", "tasks"])
+def test_orchestration_functions_stay_short(package: str) -> None:
+    """Flows and tasks read as short named steps: no function over 60 lines."""
+    long = [
+        f"{module_name(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > 60
+    ]
+    assert not long, long

@@ -134,37 +134,26 @@ def benchmark_section(
     return "\n".join(lines) + markdown_table(header, cells)
 
 
-def render_report(
-    header: ReportHeader,
-    rows: list[GroupRow],
-    records: list[RunRecord],
-    figures: dict[str, str],
-    benchmark: str | None = None,
-) -> str:
-    """The whole report; `figures` maps each figure's name to its link (file or data URI)."""
-    parts = [
+def _heading(header: ReportHeader) -> list[str]:
+    return [
         f"# towerbench sweep report: {header.title}",
         "",
         f"MLflow parent run: [{header.parent_run_id}]({header.run_link}) · data version "
         f"`{header.data_version}` · devices: {', '.join(header.device_kinds) or 'unknown'} · "
         f"time-to-accuracy target {pct(header.target)}",
-        "",
-        "## Configurations",
-        "",
-        table(SETUP_COLUMNS, rows),
-        "",
-        "## Accuracy",
-        "",
-        table(ACCURACY_COLUMNS, rows),
-        "",
-        "## Verdicts",
-        "",
     ]
+
+
+def _verdicts(rows: list[GroupRow]) -> list[str]:
+    lines = ["## Verdicts", ""]
     for row in rows:
         notes = "".join(f"; {note}" for note in row.notes)
-        parts.append(f"- **{row.group}**: {row.verdict}{notes}")
-    parts += [
-        "",
+        lines.append(f"- **{row.group}**: {row.verdict}{notes}")
+    return lines
+
+
+def _losses(rows: list[GroupRow]) -> list[str]:
+    lines = [
         "## Losses",
         "",
         "Cross-entropy (CE) of the last epoch; weight decay is the L2 term added to it.",
@@ -174,21 +163,28 @@ def render_report(
         loss_paradox(rows),
     ]
     if any(row.config.model in ("tutorial_bn", "resnet20") for row in rows):
-        parts += [
+        lines += [
             "",
             "BatchNorm statistics are computed per tower (each tower normalises its own shard), "
             "as each worker does in Goyal et al.: a different function from BatchNorm over the "
             "whole global batch (`towerbench gradcheck --model tutorial_bn` shows both).",
         ]
-    parts += ["", "## Speed and gradient noise", "", table(speed_columns(header.target), rows)]
+    return lines
+
+
+def _speed(header: ReportHeader, rows: list[GroupRow]) -> list[str]:
+    lines = ["## Speed and gradient noise", "", table(speed_columns(header.target), rows)]
     if any("logical" in kind for kind in header.device_kinds):
-        parts += [
+        lines += [
             "",
             "Towers ran on logical devices split from one physical device: they share its cores, "
             "so images/s, speedup and scaling efficiency measure tower overhead, not scaling.",
         ]
-    parts += [
-        "",
+    return lines
+
+
+def _per_epoch(rows: list[GroupRow], figures: dict[str, str]) -> list[str]:
+    return [
         "## Test accuracy per epoch",
         "",
         "Mean over seeds; (n/m) where only n of the m seeds reached that epoch.",
@@ -197,10 +193,11 @@ def render_report(
         "",
         "## Figures",
         "",
+        *(f"![{name}]({link})" for name, link in figures.items()),
     ]
-    parts += [f"![{name}]({link})" for name, link in figures.items()]
-    if benchmark is not None:
-        parts += ["", "## Compared with the previous benchmark", "", benchmark]
+
+
+def _runs(records: list[RunRecord]) -> list[str]:
     run_rows = [
         [
             record.name,
@@ -211,11 +208,28 @@ def render_report(
         ]
         for record in records
     ]
-    parts += [
-        "",
-        "## Runs",
-        "",
-        markdown_table(["run", "status", "test accuracy", "run id", "error"], run_rows),
-        "",
+    header = ["run", "status", "test accuracy", "run id", "error"]
+    return ["## Runs", "", markdown_table(header, run_rows), ""]
+
+
+def render_report(
+    header: ReportHeader,
+    rows: list[GroupRow],
+    records: list[RunRecord],
+    figures: dict[str, str],
+    benchmark: str | None = None,
+) -> str:
+    """The whole report; `figures` maps each figure's name to its link (file or data URI)."""
+    sections = [
+        _heading(header),
+        ["## Configurations", "", table(SETUP_COLUMNS, rows)],
+        ["## Accuracy", "", table(ACCURACY_COLUMNS, rows)],
+        _verdicts(rows),
+        _losses(rows),
+        _speed(header, rows),
+        _per_epoch(rows, figures),
     ]
-    return "\n".join(parts)
+    if benchmark is not None:
+        sections.append(["## Compared with the previous benchmark", "", benchmark])
+    sections.append(_runs(records))
+    return "\n\n".join("\n".join(section) for section in sections)

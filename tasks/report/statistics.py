@@ -171,69 +171,77 @@ def _baseline_for(group: list[RunRecord], groups: dict[str, list[RunRecord]], sw
     return candidates[0] if candidates else None
 
 
+def _finals(group: list[RunRecord]) -> list[float]:
+    """The final accuracies of a group's completed runs."""
+    return [
+        run.final_accuracy
+        for run in group
+        if run.status == Status.COMPLETED and run.final_accuracy is not None
+    ]
+
+
+def _group_row(
+    name: str, group: list[RunRecord], baseline: str | None, target: float | None
+) -> GroupRow:
+    """A configuration's row, before it is compared with its baseline."""
+    completed = [run for run in group if run.status == Status.COMPLETED]
+    times = [time_to_target(run.curve, target) if target is not None else None for run in completed]
+    return GroupRow(
+        group=name,
+        config=group[0].config,
+        runs=group,
+        accuracy=summarize(_finals(group)),
+        difference=None,
+        time_to_target=_mean(times),
+        reached_target=sum(time is not None for time in times),
+        speedup=None,
+        images_per_sec=_mean([run.images_per_sec for run in completed]),
+        efficiency=None,
+        noise_scale=_mean([run.noise_scale for run in completed if not run.unstable]),
+        is_baseline=baseline == name,
+        baseline_group=baseline,
+        losses={
+            key: _mean([run.losses.get(key) for run in completed])
+            for key in dict.fromkeys(key for run in completed for key in run.losses)
+        },
+        steps=_mean([run.steps for run in completed]),
+    )
+
+
+def _compare_with(row: GroupRow, baseline: GroupRow) -> None:
+    """Fill in `row`'s difference, speedup and scaling efficiency against `baseline`."""
+    sample, reference = _finals(row.runs), _finals(baseline.runs)
+    if sample and reference:
+        row.difference = welch(sample, reference)
+    if row.time_to_target and baseline.time_to_target:
+        row.speedup = baseline.time_to_target / row.time_to_target
+    if row.images_per_sec and baseline.images_per_sec:
+        row.efficiency = scaling_efficiency(
+            row.images_per_sec, baseline.images_per_sec, row.config.replicas
+        )
+
+
 def group_rows(
     runs: list[RunRecord], swept: list[str], target_accuracy: float | None
 ) -> tuple[list[GroupRow], float | None]:
     """One row per configuration, in run order, each against its 1-tower baseline (no verdicts
-    yet), and the target accuracy used for timing."""
+    yet), and the target accuracy used for timing (default: 95% of the worst baseline's mean)."""
     groups: dict[str, list[RunRecord]] = {}
     for run in runs:
         groups.setdefault(run.group, []).append(run)
-
-    def finals(group: list[RunRecord]) -> list[float]:
-        return [
-            run.final_accuracy
-            for run in group
-            if run.status == Status.COMPLETED and run.final_accuracy is not None
-        ]
-
     baselines = {name: _baseline_for(group, groups, swept) for name, group in groups.items()}
     if target_accuracy is None:
-        baseline_means = [
-            summarize(finals(groups[name])).mean for name in set(baselines.values()) if name
-        ]
-        baseline_means = [mean for mean in baseline_means if math.isfinite(mean)]
-        target_accuracy = 0.95 * min(baseline_means) if baseline_means else None
-
-    rows: dict[str, GroupRow] = {}
-    for name, group in groups.items():
-        completed = [run for run in group if run.status == Status.COMPLETED]
-        times = [
-            time_to_target(run.curve, target_accuracy) if target_accuracy is not None else None
-            for run in completed
-        ]
-        rows[name] = GroupRow(
-            group=name,
-            config=group[0].config,
-            runs=group,
-            accuracy=summarize(finals(group)),
-            difference=None,
-            time_to_target=_mean(times),
-            reached_target=sum(time is not None for time in times),
-            speedup=None,
-            images_per_sec=_mean([run.images_per_sec for run in completed]),
-            efficiency=None,
-            noise_scale=_mean([run.noise_scale for run in completed if not run.unstable]),
-            is_baseline=baselines[name] == name,
-            baseline_group=baselines[name],
-            losses={
-                key: _mean([run.losses.get(key) for run in completed])
-                for key in dict.fromkeys(key for run in completed for key in run.losses)
-            },
-            steps=_mean([run.steps for run in completed]),
-        )
+        means = [summarize(_finals(groups[name])).mean for name in set(baselines.values()) if name]
+        means = [mean for mean in means if math.isfinite(mean)]
+        target_accuracy = 0.95 * min(means) if means else None
+    rows = {
+        name: _group_row(name, group, baselines[name], target_accuracy)
+        for name, group in groups.items()
+    }
     for name, row in rows.items():
         baseline = rows.get(baselines[name] or "")
         if baseline is not None and not row.is_baseline:
-            sample, reference = finals(row.runs), finals(baseline.runs)
-            if sample and reference:
-                row.difference = welch(sample, reference)
-            if row.time_to_target and baseline.time_to_target:
-                row.speedup = baseline.time_to_target / row.time_to_target
-            if row.images_per_sec and baseline.images_per_sec:
-                row.efficiency = scaling_efficiency(
-                    row.images_per_sec, baseline.images_per_sec, row.config.replicas
-                )
+            _compare_with(row, baseline)
     return list(rows.values()), target_accuracy
 
 

@@ -109,8 +109,8 @@ def _unstable(row: GroupRow, rows: list[GroupRow], unstable: list[RunRecord]) ->
     )
 
 
-def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> str:
-    """One plain-language sentence: is the difference real, and what to change."""
+def _failure(row: GroupRow, rows: list[GroupRow]) -> str | None:
+    """The verdict of a configuration that failed, diverged or was unstable, else None."""
     config = row.config
     failed = [run for run in row.runs if run.status == Status.FAILED]
     diverged = [run for run in row.runs if run.status == Status.DIVERGED]
@@ -132,6 +132,40 @@ def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> s
     if row.unstable:
         text = _unstable(row, rows, row.unstable)
         return f"baseline, but {text}" if row.is_baseline else text
+    return None
+
+
+def _remedy(row: GroupRow, base_config: TrainConfig, rows: list[GroupRow]) -> str:
+    """What to change in a configuration significantly worse than 1 tower."""
+    config = row.config
+    if config.global_batch > base_config.global_batch and config.lr_scaling == "none":
+        advice = _advice("apply linear scaling", row, rows, lambda c: c.lr_scaling == "linear")
+        return f"global batch {config.global_batch} at unscaled LR {config.base_lr:g} — {advice}"
+    if config.lr_scaling != "none" and config.warmup_epochs == 0:
+        advice = _advice("add warmup epochs", row, rows, lambda c: c.warmup_epochs > 0)
+        return f"{config.lr_scaling} scaling jumps straight to the peak LR — {advice}"
+    if config.global_batch > base_config.global_batch and not _equal_updates(config, base_config):
+        ratio = config.global_batch / base_config.global_batch
+        other_rule = "sqrt" if config.lr_scaling == "linear" else "linear"
+        more_updates = _advice(
+            "train for the same number of updates",
+            row,
+            rows,
+            lambda c: _equal_updates(c, base_config),
+        )
+        other = _advice(
+            f"compare {other_rule} scaling", row, rows, lambda c: c.lr_scaling == other_rule
+        )
+        return f"{ratio:g}x fewer updates than 1 tower — {more_updates}; {other}"
+    return "the runs differ beyond seed noise — compare their learning curves"
+
+
+def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> str:
+    """One plain-language sentence: is the difference real, and what to change."""
+    config = row.config
+    failure = _failure(row, rows)
+    if failure is not None:
+        return failure
     if row.accuracy.count == 0 and any(run.status == Status.RUNNING for run in row.runs):
         return "still running: no seed has finished yet"
     if row.is_baseline:
@@ -150,7 +184,6 @@ def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> s
         )
     if points > 0:
         return f"{points:+.1f} pp better than 1 tower (p={difference.p_value:.3f})"
-    base_config = baseline.config
     prefix = f"{points:+.1f} pp (p={difference.p_value:.3f})"
     if config.aggregation == "sum" and config.replicas > 1:
         advice = _advice(
@@ -160,27 +193,7 @@ def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> s
             lambda c: c.aggregation == "mean",
         )
         return f"{prefix}: summed gradients make each step {config.replicas}x larger — {advice}"
-    if config.global_batch > base_config.global_batch and config.lr_scaling == "none":
-        advice = _advice("apply linear scaling", row, rows, lambda c: c.lr_scaling == "linear")
-        text = f"global batch {config.global_batch} at unscaled LR {config.base_lr:g} — {advice}"
-    elif config.lr_scaling != "none" and config.warmup_epochs == 0:
-        advice = _advice("add warmup epochs", row, rows, lambda c: c.warmup_epochs > 0)
-        text = f"{config.lr_scaling} scaling jumps straight to the peak LR — {advice}"
-    elif config.global_batch > base_config.global_batch and not _equal_updates(config, base_config):
-        ratio = config.global_batch / base_config.global_batch
-        other_rule = "sqrt" if config.lr_scaling == "linear" else "linear"
-        more_updates = _advice(
-            "train for the same number of updates",
-            row,
-            rows,
-            lambda c: _equal_updates(c, base_config),
-        )
-        other = _advice(
-            f"compare {other_rule} scaling", row, rows, lambda c: c.lr_scaling == other_rule
-        )
-        text = f"{ratio:g}x fewer updates than 1 tower — {more_updates}; {other}"
-    else:
-        text = "the runs differ beyond seed noise — compare their learning curves"
+    text = _remedy(row, baseline.config, rows)
     return f"{prefix}: {_prefix_with_remedy(text, row, rows)}"
 
 
