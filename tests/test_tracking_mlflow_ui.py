@@ -86,7 +86,7 @@ def test_epoch_metrics_are_logged_at_their_epoch_whatever_the_tower_count(tmp_pa
         data_version="v1",
     )
     result = run_training_process(request, on_event=lambda event: None)
-    assert result["status"] == "completed", result
+    assert result.status == "completed", result
 
     client = MlflowClient(tracking.tracking_uri)
     history = {
