@@ -1,6 +1,6 @@
 """The whole params.yaml tree: the sweep's lists, tracking, the report, the scheduled benchmark.
 
-The sections a single run needs (fetch, preprocess, data, train) are in model/config.py; this
+The sections a single run needs (fetch, preprocess, data, train) are in config/sections.py; this
 module puts them together with the orchestration's sections into `Params`.
 """
 

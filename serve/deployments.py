@@ -134,7 +134,7 @@ def run_ui(params: Params, params_path: Path) -> None:
     """Prefect server + MLflow UI + `towerbench serve`, all on 127.0.0.1, until Ctrl-C.
 
     The terminal gets one line per server, then the served runs' logs; the servers' own output
-    goes to log files (see flows/process_output.py).
+    goes to log files (see serve/process_output.py).
     """
     from towerbench.tasks.tracking import TRAINING_VIEW, ensure_experiment, experiment_name
 

@@ -1,6 +1,6 @@
 """One configuration's training run in its own process: forked by the sweep's fork server
 (`forked_main`, tasks/fork_server.py) or, for a worker of a multi-worker configuration,
-`python -m tasks.train_worker < request`.
+`python -m towerbench.tasks.train_worker < request`.
 
 TensorFlow fixes its device layout once per process, and a crash or out-of-memory must not take
 the sweep down, so the sweep runs one of these per configuration. It resumes the MLflow run the

@@ -129,7 +129,7 @@ def test_ctrl_c_then_a_kill_and_the_same_command_finishes_the_sweep_once(project
         project, 2, lambda p: os.killpg(p.pid, signal.SIGINT)
     )
     # Within 1 s on an idle machine; the interpreter's teardown alone took 6-8 s before the
-    # command skipped it (flows/cli.py).
+    # command skipped it (cli/main.py).
     assert status == 130 and elapsed < 5, stderr[-2000:]
     last = stderr.strip().splitlines()[-1]
     assert last == "towerbench sweep: interrupted; run the same command again to resume"

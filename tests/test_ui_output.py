@@ -36,7 +36,7 @@ RUN_OUTPUT = textwrap.dedent(
     Traceback (most recent call last):
       File "/work/tasks/dvc_stages.py", line 88, in _check_matches_params
         raise TowerbenchError(
-    model.errors.TowerbenchError: params.yaml: fetch.name: 'digits-copy' in the form, 'digits' in params.yaml
+    towerbench.core.errors.TowerbenchError: params.yaml: fetch.name: 'digits-copy' in the form, 'digits' in params.yaml
     22:29:21.710 | INFO    | Flow run 'amigurumi-asp' - Finished in state Failed('...')
     """  # noqa: E501
 )
@@ -75,7 +75,7 @@ def test_the_terminal_gets_errors_warnings_once_and_the_runs_lines(tmp_path) -> 
         RUN_OUTPUT.splitlines()[1],
         RUN_OUTPUT.splitlines()[2],
         "TypeError: inner  (traceback in {})".format(tmp_path / "serve.log"),
-        "model.errors.TowerbenchError: params.yaml: fetch.name: 'digits-copy' in the form, "
+        "towerbench.core.errors.TowerbenchError: params.yaml: fetch.name: 'digits-copy' in the form, "
         "'digits' in params.yaml  (traceback in {})".format(tmp_path / "serve.log"),
         RUN_OUTPUT.splitlines()[-1],
     ]
