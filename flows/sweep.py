@@ -37,6 +37,7 @@ from towerbench.core.outcome import ConfigSummary, Outcome, Status, SweepResult
 from towerbench.tasks.data_check import manifest_digest
 from towerbench.tasks.fork_server import start_fork_server_for
 from towerbench.tasks.report import make_report
+from towerbench.tasks.sweep_lock import only_live_sweep
 from towerbench.tasks.tracking import (
     config_key,
     create_config_run,
@@ -279,31 +280,20 @@ def finish_sweep(summaries: list[ConfigSummary], run: SweepRun, report: ReportCo
     return make_report(run.tracking, run.parent_run_id, report)
 
 
-@flow(name="sweep", flow_run_name="sweep {train.dataset}")
-def sweep(
-    train: TrainConfig = TrainConfig(),  # noqa: B008 - immutable default shown in the UI form
-    sweep: SweepGrid = SweepGrid(),  # noqa: B008
-    tracking: TrackingConfig = TrackingConfig(),  # noqa: B008
-    report: ReportConfig = ReportConfig(),  # noqa: B008
-    data: DataConfig = DataConfig(),  # noqa: B008
-    data_version: str | None = None,
-    kind: FlowKind = "sweep",
-    fresh: bool = False,
+def run_sweep(
+    plan: SweepPlan,
+    tracking: TrackingConfig,
+    train: TrainConfig,
+    sweep: SweepGrid,
+    report: ReportConfig,
+    kind: FlowKind,
+    fresh: bool,
 ) -> SweepResult:
-    """Train `train` with every combination of the `sweep` lists (each run in its own process),
-    then compare them.
-
-    A configuration that fails or diverges is recorded as such and the sweep goes on; the sweep
-    fails when every configuration failed, and otherwise completes with a "k of n failed"
-    artifact.
-    """
-    tracking = resolve_tracking(tracking)
-    configs = expand(train, sweep)
-    start_fork_server_for(configs, sweep.pool)  # imports beside the set-up (unless started)
-    plan = plan_sweep(configs, train, sweep, Path(data.data_dir).resolve(), data_version, kind)
+    """Open the sweep, train each configuration, finish; the parent run ends FINISHED, FAILED or
+    KILLED however this ends."""
     run = open_sweep(tracking, plan, train, sweep, kind, fresh)
     mlflow_url = run_url(tracking, run.experiment_id, run.parent_run_id)
-    get_run_logger().info("%d runs; MLflow parent run %s", len(configs), mlflow_url)
+    get_run_logger().info("%d runs; MLflow parent run %s", len(plan.configs), mlflow_url)
     status = RunStatus.FAILED
     try:
         summaries = train_each(plan, run, sweep.pool)
@@ -328,6 +318,32 @@ def sweep(
         configs=summaries,
         report=report_path,
     )
+
+
+@flow(name="sweep", flow_run_name="sweep {train.dataset}")
+def sweep(
+    train: TrainConfig = TrainConfig(),  # noqa: B008 - immutable default shown in the UI form
+    sweep: SweepGrid = SweepGrid(),  # noqa: B008
+    tracking: TrackingConfig = TrackingConfig(),  # noqa: B008
+    report: ReportConfig = ReportConfig(),  # noqa: B008
+    data: DataConfig = DataConfig(),  # noqa: B008
+    data_version: str | None = None,
+    kind: FlowKind = "sweep",
+    fresh: bool = False,
+) -> SweepResult:
+    """Train `train` with every combination of the `sweep` lists (each run in its own process),
+    then compare them.
+
+    A configuration that fails or diverges is recorded as such and the sweep goes on; the sweep
+    fails when every configuration failed, and otherwise completes with a "k of n failed"
+    artifact.
+    """
+    tracking = resolve_tracking(tracking)
+    configs = expand(train, sweep)
+    start_fork_server_for(configs, sweep.pool)  # imports beside the set-up (unless started)
+    plan = plan_sweep(configs, train, sweep, Path(data.data_dir).resolve(), data_version, kind)
+    with only_live_sweep(plan.data_dir, plan.key):
+        return run_sweep(plan, tracking, train, sweep, report, kind, fresh)
 
 
 def sweep_params(params: Params, **options: Any) -> SweepResult:

@@ -1,0 +1,85 @@
+"""The same sweep started twice (issue 29): the second start refuses in one line naming the live
+process, and once that process is gone (killed, even) the sweep can be started again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from towerbench.core.errors import TowerbenchError
+from towerbench.tasks.sweep_lock import only_live_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HOLD_THE_LOCK = """
+import sys, time
+from pathlib import Path
+from towerbench.tasks.sweep_lock import only_live_sweep
+with only_live_sweep(Path(sys.argv[1]), sys.argv[2]):
+    print("holding", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_live_holder_is_named_and_a_killed_one_leaves_nothing_held(tmp_path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_THE_LOCK, str(tmp_path), "k" * 64],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        with pytest.raises(TowerbenchError, match=f"already running \\(process {holder.pid} on"):
+            with only_live_sweep(tmp_path, "k" * 64):
+                pass
+        with only_live_sweep(tmp_path, "another key"):  # other sweeps are not held up
+            pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with only_live_sweep(tmp_path, "k" * 64):  # the kernel released the dead holder's lock
+        pass
+
+
+def _sweep_command(data_dir: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "towerbench.cli.main", "sweep", "--dataset", "digits",
+        "--towers", "1", "--seeds", "0", "--epochs", "500", "--data-dir", str(data_dir),
+        "--report-dir", str(data_dir.parent / "reports"),
+        "--tracking-uri", f"sqlite:///{data_dir.parent / 'mlflow.db'}",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_same_sweep_started_twice_refuses_the_second(tmp_path) -> None:
+    data_dir = tmp_path / "data"
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for step in ("fetch", "preprocess"):
+        command = [sys.executable, "-m", "towerbench.cli.main", step, "digits"]
+        subprocess.run(
+            [*command, "--data-dir", str(data_dir)],
+            cwd=ROOT, env=environment, check=True, capture_output=True, timeout=300,
+        )  # fmt: skip
+    first = subprocess.Popen(
+        _sweep_command(data_dir), cwd=ROOT, env=environment, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        for line in first.stderr:  # the first holds the lock once it trains
+            if "epoch 1:" in line:
+                break
+        second = subprocess.run(
+            _sweep_command(data_dir), cwd=ROOT, env=environment, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+        assert second.returncode == 2, second.stderr[-3000:]
+        (error,) = [line for line in second.stderr.splitlines() if "sweep: error:" in line]
+        assert f"the same sweep is already running (process {first.pid} on" in error, error
+        assert first.poll() is None  # the live sweep goes on
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=120)
