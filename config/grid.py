@@ -17,14 +17,15 @@ def canonical(config: TrainConfig) -> TrainConfig:
 
     - one tower (over all workers): the sum of one gradient is its mean;
     - global batch = reference batch: every scaling rule gives factor 1;
-    - no scaling: warmup goes from base_lr to base_lr, i.e. it does nothing.
+    - no scaling: warmup goes from base_lr to base_lr, i.e. it does nothing; nor does it under
+      adascale, whose schedule is the reference batch's.
     """
     updates: dict[str, Any] = {}
     if config.replicas == 1:
         updates["aggregation"] = "mean"
     if config.global_batch == config.reference_batch:
         updates["lr_scaling"] = "none"
-    if updates.get("lr_scaling", config.lr_scaling) == "none":
+    if updates.get("lr_scaling", config.lr_scaling) in ("none", "adascale"):
         updates["warmup_epochs"] = 0.0
     return config.model_copy(update=updates)
 
@@ -32,8 +33,10 @@ def canonical(config: TrainConfig) -> TrainConfig:
 def with_budget(values: dict[str, Any], budget: str) -> dict[str, Any]:
     """Training values under the sweep's budget. `updates`: every epoch-counted setting is
     stretched by global_batch / reference_batch, so the run makes the reference batch's number
-    of optimizer steps and its LR schedule is the same function of the step (Hoffer et al.)."""
-    if budget == "epochs":
+    of optimizer steps and its LR schedule is the same function of the step (Hoffer et al.).
+    adascale runs are never stretched: they end when their progress tau reaches the reference
+    batch's updates, and their schedule is counted in reference epochs."""
+    if budget == "epochs" or values["lr_scaling"] == "adascale":
         return values
     factor = values["global_batch"] / values["reference_batch"]
     stretched = {

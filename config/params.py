@@ -114,7 +114,7 @@ class SweepGrid(StrictModel):
     aggregation: list[Literal["mean", "sum"]] = Field(
         ["mean"], min_length=1, description="Gradient aggregations to compare."
     )
-    lr_scaling: list[Literal["none", "linear", "sqrt"]] = Field(
+    lr_scaling: list[Literal["none", "linear", "sqrt", "adascale"]] = Field(
         ["linear"], min_length=1, description="Learning-rate scaling rules to compare."
     )
     warmup_epochs: list[float] = Field(

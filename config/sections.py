@@ -157,8 +157,11 @@ class TrainConfig(StrictModel):
     momentum: float = Field(0.9, ge=0, lt=1, description="Momentum for momentum/nesterov.")
     base_lr: float = Field(0.1, gt=0, description="Learning rate at the reference batch size.")
     reference_batch: int = Field(128, ge=1, description="Batch size base_lr was tuned for.")
-    lr_scaling: Literal["none", "linear", "sqrt"] = Field(
-        "none", description="Scale base_lr by (global_batch / reference_batch)^{0, 1, 1/2}."
+    lr_scaling: Literal["none", "linear", "sqrt", "adascale"] = Field(
+        "none",
+        description="Scale base_lr by (global_batch / reference_batch)^{0, 1, 1/2}, or by "
+        "AdaScale's gain measured each step (the schedule then runs at its progress tau, and the "
+        "run ends when tau reaches the reference batch's number of updates).",
     )
     warmup_epochs: float = Field(
         0, ge=0, description="Gradual linear warmup from base_lr to the scaled LR (Goyal 2017)."
@@ -234,6 +237,16 @@ class TrainConfig(StrictModel):
             raise ValueError(
                 f"--contrast-upper {self.contrast_upper} is below --contrast-lower "
                 f"{self.contrast_lower}"
+            )
+        if (
+            self.lr_scaling == "adascale"
+            and self.replicas == 1
+            and self.global_batch != self.reference_batch
+        ):
+            raise ValueError(
+                f"--lr-scaling adascale measures the gradient variance across towers: with one "
+                f"tower, --global-batch ({self.global_batch}) must equal --reference-batch "
+                f"({self.reference_batch})"
             )
         if self.decay == "piecewise" and not self.decay_boundaries:
             raise ValueError("--decay piecewise needs --decay-boundaries (epochs, comma-separated)")

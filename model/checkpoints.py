@@ -32,9 +32,10 @@ RESUMABLE_CHANGES = {"epochs", "checkpoint_every", "collective_timeout"}
 def training_state(model, optimizer, trainer: TowerTrainer) -> tf.train.Checkpoint:
     """Everything a resumed run needs besides the data order (a pure function of the step): the
     weights, the optimizer state with its step counter, the weight EMA, the noise-scale averages
-    and the running epoch's metric sums; and float16's loss scale. The names are the checkpoint
-    format."""
+    and the running epoch's metric sums; float16's loss scale; AdaScale's averages and tau. The
+    names are the checkpoint format."""
     scaled = {"loss_scale": trainer.loss_scale} if trainer.loss_scale.dynamic else {}
+    adascale = {"adascale": trainer.adascale} if trainer.adascale is not None else {}
     return tf.train.Checkpoint(
         weights=[variable.value for variable in model.variables],
         optimizer=[variable.value for variable in optimizer.variables],
@@ -42,6 +43,7 @@ def training_state(model, optimizer, trainer: TowerTrainer) -> tf.train.Checkpoi
         noise=trainer.noise,
         metric_sums=[trainer.cross_entropy_sum, trainer.correct, trainer.examples],
         **scaled,
+        **adascale,
     )
 
 
@@ -54,6 +56,7 @@ def state_variables(state: tf.train.Checkpoint) -> list:
         *state.noise.variables,
         *state.metric_sums,
         *(state.loss_scale.variables if hasattr(state, "loss_scale") else ()),
+        *(state.adascale.variables if hasattr(state, "adascale") else ()),
     ]
 
 

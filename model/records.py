@@ -62,6 +62,12 @@ class EpochRecord:
     test_accuracy: float = math.nan  # raw weights
     ema_test_accuracy: float = math.nan  # moving average of the weights
     noise_scale: float | None = None  # k >= 2 towers only
+    # lr_scaling adascale only (model.adascale): the last step's gain, the averaged sigma^2 (of a
+    # reference-batch gradient) and |mu|^2, and the progress tau in reference steps.
+    adascale_gain: float | None = None
+    adascale_sigma_sq: float | None = None
+    adascale_mu_sq: float | None = None
+    adascale_tau: float | None = None
 
     def metrics(self) -> dict[str, float]:
         """The MLflow metrics of this epoch (the progress events carry the same)."""

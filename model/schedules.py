@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
-SCALING_EXPONENTS = {"none": 0.0, "linear": 1.0, "sqrt": 0.5}
+# adascale: the peak stays base_lr; model.adascale multiplies each step's LR by its gain.
+SCALING_EXPONENTS = {"none": 0.0, "linear": 1.0, "sqrt": 0.5, "adascale": 0.0}
 
 
 def scaled_learning_rate(
@@ -27,7 +28,7 @@ def scaled_learning_rate(
 ) -> float:
     """The peak learning rate for `global_batch` under scaling `rule`."""
     if rule not in SCALING_EXPONENTS:
-        raise ValueError(f"unknown lr scaling {rule!r}; choose none, linear or sqrt")
+        raise ValueError(f"unknown lr scaling {rule!r}; choose none, linear, sqrt or adascale")
     return base_lr * (global_batch / reference_batch) ** SCALING_EXPONENTS[rule]
 
 

@@ -10,6 +10,9 @@ Weight decay (weight_decay * w, the gradient of weight_decay * tf.nn.l2_loss(w))
 after combining (Goyal et al. 2017, remark 1), and one optimizer step is applied. BatchNorm layers
 normalise with each tower's own batch; their moving statistics become the towers' average.
 
+With `lr_scaling: adascale` (model.adascale) the same two norms the noise scale uses set each
+step's gain before the optimizer applies it, and its progress tau advances after.
+
 With several workers (model.cluster) each worker feeds its towers its slice of the global batch
 (B / workers examples) and one all-reduce adds the workers' summed gradients, statistics and
 metric sums before the update, so the step is that of one process with workers x k towers.
@@ -25,6 +28,7 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
+from towerbench.model.adascale import AdaScale
 from towerbench.model.cluster import STEP_INSTANCE_KEY, Cluster, sum_over_workers
 from towerbench.model.devices import TowerDevices
 from towerbench.model.networks import Network
@@ -69,6 +73,7 @@ class TowerTrainer:
         jit_compile: bool = False,
         cluster: Cluster | None = None,
         precision: Precision = "float32",
+        adascale: AdaScale | None = None,
     ):
         if aggregation not in ("mean", "sum"):
             raise ValueError(f"aggregation must be mean or sum, got {aggregation!r}")
@@ -79,6 +84,7 @@ class TowerTrainer:
         self.weight_decay = weight_decay
         self.ema_decay = ema_decay
         self.cluster = cluster or Cluster()
+        self.adascale = adascale  # its schedule is the optimizer's: built with it, by the caller
         self.trainable = list(self.model.trainable_variables)
         self.non_trainable = list(self.model.non_trainable_variables)
         decayed = {id(variable) for variable in network.decayed_variables}
@@ -217,7 +223,11 @@ class TowerTrainer:
                 gradient if extra is None else gradient + extra
                 for gradient, extra in zip(combined.data_gradients, decay_gradients, strict=True)
             ]
+            if self.adascale is not None:  # the LR of this step is lr(tau) * gain
+                self.adascale.update(combined.small_norm_sq, combined.big_norm_sq, batch)
             self.loss_scale.apply(self.optimizer, gradients, self.trainable)
+            if self.adascale is not None:
+                self.adascale.advance()
             for variable, value in zip(
                 self.non_trainable, combined.non_trainable_values, strict=True
             ):

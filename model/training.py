@@ -3,6 +3,9 @@
 Each epoch gives an `EpochRecord` (model.records): cross-entropy averaged over ALL towers'
 examples, the weight-decay term and their sum, train accuracy, test accuracy of the raw weights
 and of their moving average (decay 0.9999), speed, LR, and for k >= 2 towers the noise scale.
+With `lr_scaling: adascale` (model.adascale) the LR is the reference batch's schedule at the
+progress tau times the gain, the run ends when tau reaches the reference batch's updates, and each
+record carries the gain, sigma^2, |mu|^2 and tau.
 
 With several workers (model.cluster) every worker runs this loop in step; the chief alone saves
 checkpoints, and on a resume every worker starts from the chief's restored state.
@@ -34,6 +37,7 @@ from towerbench.model.stability import diverged, instability
 from towerbench.model.training_data import load_training_data
 
 if TYPE_CHECKING:  # _set_up imports these: Keras and the graph builders load when training starts
+    from towerbench.model.adascale import AdaScaleSchedule, ScaleInvariantBudget
     from towerbench.model.checkpoints import Checkpoints
     from towerbench.model.evaluation import Evaluator
     from towerbench.model.input_pipeline import Distortions, EpochPlan
@@ -60,10 +64,10 @@ def train(
     cluster = _cluster(config)
     try:
         run = _set_up(config, Path(data_dir), checkpoint_dir, cluster)
-        while run.step < run.total_steps and run.status == Status.COMPLETED:
+        while not _at_end(run) and run.status == Status.COMPLETED:
             record = _train_one_epoch(run, on_progress)
             run.history.append(record)
-            if run.checkpoints is not None and run.step < run.total_steps:
+            if run.checkpoints is not None and not _at_end(run):
                 run.checkpoints.save(run.step, run.history)  # every epoch: a kill loses one
             if on_epoch is not None:
                 on_epoch(record)
@@ -99,6 +103,9 @@ class _Run:
     last_report: float = field(default_factory=time.perf_counter)
     last_eval_epoch: float = 0.0
     confusion: np.ndarray | None = None  # of the last evaluation in this process
+    # adascale: the LR at tau, and the budget that extends `total_steps` until tau reaches it
+    adascale_schedule: AdaScaleSchedule | None = None
+    budget: ScaleInvariantBudget | None = None
 
     @property
     def classes(self) -> int:
@@ -125,6 +132,13 @@ def _set_up(
     import keras
     import tensorflow as tf
 
+    from towerbench.model.adascale import (
+        AdaScale,
+        AdaScaleSchedule,
+        ScaleInvariantBudget,
+        reference_schedule,
+        reference_steps_per_epoch,
+    )
     from towerbench.model.checkpoints import Checkpoints, state_variables, training_state
     from towerbench.model.evaluation import Evaluator
     from towerbench.model.input_pipeline import Distortions, EpochPlan, network_input_shape
@@ -142,8 +156,21 @@ def _set_up(
         network = build_network(
             config.model, input_shape, len(manifest.classes), config.seed, config.precision
         )
+    learning_rate = StepSchedule(schedule, plan.steps)
+    adascale = budget = None
+    if config.lr_scaling == "adascale":
+        examples = manifest.splits["train"].examples
+        with tf.device(devices.parameter_device):
+            adascale = AdaScale(config.reference_batch, config.global_batch, config.replicas)
+        schedule = reference_schedule(config.base_lr, schedule)
+        learning_rate = AdaScaleSchedule(
+            schedule, reference_steps_per_epoch(examples, config.reference_batch), adascale
+        )
+        budget = ScaleInvariantBudget.of(
+            config.epochs, examples, config.reference_batch, config.global_batch
+        )
     optimizer = keras.optimizers.SGD(
-        learning_rate=StepSchedule(schedule, plan.steps),
+        learning_rate=learning_rate,
         momentum=config.momentum if config.optimizer in ("momentum", "nesterov") else 0.0,
         nesterov=config.optimizer == "nesterov",
     )
@@ -157,6 +184,7 @@ def _set_up(
         config.xla,
         cluster,
         config.precision,
+        adascale,
     )
     evaluator = Evaluator(
         network.model,
@@ -172,6 +200,7 @@ def _set_up(
         checkpoints, history = Checkpoints.open(Path(checkpoint_dir), config, state)
     # Seeds agree on every worker; this also hands a resumed chief's state to the others.
     broadcast_from_chief(state_variables(state), cluster, devices.parameter_device)
+    step = int(optimizer.iterations.numpy())
     return _Run(
         config=config,
         manifest=manifest,
@@ -179,7 +208,11 @@ def _set_up(
         cluster=cluster,
         devices=devices,
         plan=plan,
-        total_steps=max(round(config.epochs * plan.steps), 1),
+        total_steps=(
+            max(round(config.epochs * plan.steps), 1)
+            if budget is None
+            else step + budget.steps_left(adascale.read().tau)
+        ),
         schedule=schedule,
         distortions=Distortions.from_config(config),
         network=network,
@@ -187,10 +220,24 @@ def _set_up(
         evaluator=evaluator,
         checkpoints=checkpoints,
         history=history,
-        step=int(optimizer.iterations.numpy()),
+        step=step,
         # A resumed run counts from its last record, evaluated or not.
         last_eval_epoch=history[-1].epoch if history else 0.0,
+        adascale_schedule=learning_rate if adascale is not None else None,
+        budget=budget,
     )
+
+
+def _at_end(run: _Run) -> bool:
+    """Whether the run has made its last step. Under adascale `total_steps` is the fewest steps
+    that could bring tau to its budget: tau is read (a wait for the device) only there."""
+    if run.step < run.total_steps:
+        return False
+    if run.budget is None:
+        return True
+    left = run.budget.steps_left(run.trainer.adascale.read().tau)
+    run.total_steps = run.step + left
+    return left == 0
 
 
 def _cluster(config: TrainConfig) -> Cluster:
@@ -232,7 +279,7 @@ def _train_one_epoch(run: _Run, on_progress: ProgressCallback | None) -> EpochRe
         checkpoint_due = run.checkpoints is not None and run.checkpoints.due(run.step)
         if checkpoint_due and run.step % run.plan.steps:  # at an epoch's end: after its record
             run.checkpoints.save(run.step, run.history)
-        if run.step >= run.total_steps:
+        if _at_end(run):
             break
         now = time.perf_counter()
         if now - run.last_report >= PROGRESS_SECONDS:  # reading from devices waits for them
@@ -257,10 +304,11 @@ def _diverged(run: _Run) -> bool:
 
 def _progress(run: _Run) -> dict[str, float]:
     """Where training is and its running metrics: the live progress and the epoch record's start."""
+    lr = run.schedule(run.epoch) if run.adascale_schedule is None else run.adascale_schedule(None)
     return {
         "epoch": run.epoch,
         "step": run.step,
-        "lr": float(run.schedule(run.epoch)),
+        "lr": float(lr),
         **run.trainer.read_metrics(),
         "images_per_sec": run.clock.epoch_rate(),
     }
@@ -276,13 +324,22 @@ def _epoch_record(run: _Run) -> EpochRecord:
     run.trainer.reset_metrics()
     tested = _test_metrics(run) if _evaluation_due(run) else {}
     noise_scale = run.trainer.noise.value() if run.devices.replicas > 1 else None
-    return EpochRecord(**trained, **tested, noise_scale=noise_scale)
+    adascale = {}
+    if run.trainer.adascale is not None:
+        state = run.trainer.adascale.read()
+        adascale = {
+            "adascale_gain": state.gain,
+            "adascale_sigma_sq": state.sigma_sq,
+            "adascale_mu_sq": state.mu_sq,
+            "adascale_tau": state.tau,
+        }
+    return EpochRecord(**trained, **tested, noise_scale=noise_scale, **adascale)
 
 
 def _evaluation_due(run: _Run) -> bool:
     """Every `eval_every_epochs`, at the last step, and when the run stops early."""
     due = run.epoch - run.last_eval_epoch >= run.config.eval_every_epochs - 1e-9
-    return due or run.step >= run.total_steps or run.status != Status.COMPLETED
+    return due or _at_end(run) or run.status != Status.COMPLETED
 
 
 def _test_metrics(run: _Run) -> dict[str, float]:

@@ -1,0 +1,311 @@
+"""Choose a large-batch recipe from what a short probe measured: the LR scaling rule, warmup,
+budget and schedule, each with a one-line reason quoting the number that decided it.
+
+The rules, and what they rest on:
+
+- **The gain the batch can use.** The best LR at batch B is about eps_max / (1 + B_noise / B)
+  (McCandlish et al. 2018, eq. 2.6), so going from the reference batch b0 to B = k b0 multiplies
+  it by r = (1 + B_noise/b0) / (1 + B_noise/B): about k (linear) well below the noise scale,
+  about 1 far above it. This is AdaScale's gain at that noise scale (model/adascale.py).
+- **Scaling rule.** A fixed rule whose factor (linear k, sqrt sqrt(k)) is within 25% of r, the
+  nearest; otherwise `adascale`, which applies the gain it measures at every step (Johnson et al.
+  2020). A rule whose LR is above the largest stable LR the probe found at batch B is left out:
+  here the LRN tutorial network diverged at the linear LR 0.4 at batch 512 (cure-updates, 1 of 2
+  seeds), and You et al. 2017 found LRN networks do not follow the linear rule. Without a noise
+  scale: linear (Goyal et al. 2017) if the network has BatchNorm, else sqrt, if stable.
+  Measured here: the LRN network's noise scale 163-434 gives r 1.7-2.4, nearest sqrt, and sqrt
+  was its best rule (cure-updates, +7.1 pp); tutorial_bn's 9228 gives r 3.8, linear, which came
+  within 0.4 pp of 1 tower (cure-bn).
+- **Budget.** Reaching the same loss takes S_min (1 + B_noise/B) steps (McCandlish et al.), so
+  B needs 1/r of the reference's steps, k/r of its epochs. Equal epochs when k/r <= 1.25, else
+  equal updates (Hoffer et al. 2017), which gives k >= k/r times the epochs. Measured here: k/r
+  1.04 (cure-bn) kept the gap within 0.4 pp at equal epochs; k/r 1.7-2.3 (LRN) lost 5.7-9.8 pp
+  at equal epochs and gained 7.1 pp at equal updates. `adascale` has its own budget: it ends when
+  its progress tau reaches the reference's number of updates.
+- **Warmup.** A scaled-up LR is reached by warmup (Goyal et al.: 5 of 90 epochs) over a sixth of
+  the epochs, at least 1 and at most 5 (cure-bn: 2 of 12). AdaScale needs none.
+- **Schedule.** An LR that still stands near its peak at the end is annealed linearly to 0: with
+  it 4 towers came within 0.4 pp (cure-bn), and on digits a constant LR left the last epoch's
+  accuracy to float rounding (the digits preset in config/sections.py).
+
+Which noise scale: it grows as the loss falls (McCandlish et al.), so the probe's early value
+understates later gains; a fixed rule chosen from it errs towards a smaller LR and more updates.
+Every reason names the value used (`noise_scale_source`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+ScalingRule = Literal["none", "linear", "sqrt", "adascale"]
+Budget = Literal["epochs", "updates", "tau"]
+
+# A fixed rule is used when its factor is within this ratio of the predicted gain.
+RULE_TOLERANCE = 1.25
+# Equal epochs suffice when the batch needs at most this many times the reference's epochs.
+EPOCHS_TOLERANCE = 1.25
+WARMUP_FRACTION = 1 / 6  # cure-bn: 2 of 12 epochs
+MAX_WARMUP_EPOCHS = 5.0  # Goyal et al.
+# An LR schedule that still stands above this fraction of its peak at the end is not annealed.
+ANNEALED = 0.1
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """What the probe measured and the run to be scaled (the reference: 1 tower at
+    `reference_batch`, `base_lr`, `epochs`, the user's decay)."""
+
+    towers: int  # over all workers
+    per_tower_batch: int
+    reference_batch: int
+    base_lr: float
+    epochs: float
+    has_batchnorm: bool
+    noise_scale: float | None = None
+    noise_scale_source: str = "probe"  # which value: e.g. "probe, first 300 steps"
+    largest_stable_lr: float | None = None  # at the K-tower batch; None: not probed
+    instability: str | None = None  # what happened above it
+    decay: str = "staircase"
+    decay_epochs: float = 350.0
+    decay_factor: float = 0.1
+    decay_boundaries: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("towers", "per_tower_batch", "reference_batch", "base_lr", "epochs"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def global_batch(self) -> int:
+        return self.towers * self.per_tower_batch
+
+    @property
+    def scale(self) -> float:
+        """k = B / b0."""
+        return self.global_batch / self.reference_batch
+
+    @property
+    def usable_noise_scale(self) -> float | None:
+        value = self.noise_scale
+        return value if value is not None and math.isfinite(value) and value > 0 else None
+
+
+@dataclass(frozen=True)
+class Choice:
+    value: str | float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Recipe:
+    lr_scaling: Choice
+    warmup_epochs: Choice
+    budget: Choice
+    decay: Choice
+    predicted_gain: float | None
+
+    def lines(self) -> list[str]:
+        """`scaling: sqrt — reason`, one per choice."""
+        return [
+            f"{name}: {choice.value:g} — {choice.reason}"
+            if isinstance(choice.value, float)
+            else f"{name}: {choice.value} — {choice.reason}"
+            for name, choice in (
+                ("scaling", self.lr_scaling),
+                ("warmup epochs", self.warmup_epochs),
+                ("budget", self.budget),
+                ("schedule", self.decay),
+            )
+        ]
+
+    def sections(self) -> dict[str, dict[str, object]]:
+        """The recipe as params.yaml's `train:` and `sweep:` values (adascale's tau budget runs
+        unstretched: `epochs` counts reference epochs)."""
+        return {
+            "train": {"decay": self.decay.value},
+            "sweep": {
+                "lr_scaling": [self.lr_scaling.value],
+                "warmup_epochs": [self.warmup_epochs.value],
+                "budget": "updates" if self.budget.value == "updates" else "epochs",
+            },
+        }
+
+
+def predicted_gain(noise_scale: float, reference_batch: int, global_batch: int) -> float:
+    """r = (1 + B_noise/b0) / (1 + B_noise/B): how much larger an LR batch B can use."""
+    return (1 + noise_scale / reference_batch) / (1 + noise_scale / global_batch)
+
+
+def choose_recipe(measured: Measurements) -> Recipe:
+    """The recipe for `measured` (see the module's docstring for the rules)."""
+    noise = measured.usable_noise_scale
+    gain = None
+    if noise is not None and measured.scale > 1:
+        gain = predicted_gain(noise, measured.reference_batch, measured.global_batch)
+    scaling = _scaling(measured, gain)
+    rule = str(scaling.value)
+    return Recipe(
+        lr_scaling=scaling,
+        warmup_epochs=_warmup(measured, rule),
+        budget=_budget(measured, gain, rule),
+        decay=_decay(measured, rule),
+        predicted_gain=gain,
+    )
+
+
+def _batch_against_noise(measured: Measurements) -> str:
+    """`global batch 512 is 2.6× the noise scale 196 (probe)`."""
+    noise, batch = measured.usable_noise_scale, measured.global_batch
+    ratio = batch / noise
+    relation = "well below" if ratio < 0.5 else f"{ratio:.1f}×"
+    source = measured.noise_scale_source
+    return f"global batch {batch} is {relation} the noise scale {noise:.0f} ({source})"
+
+
+def _factors(measured: Measurements, gain: float | None) -> dict[str, float]:
+    factors = {"linear": measured.scale, "sqrt": math.sqrt(measured.scale)}
+    return factors if gain is None else {**factors, "adascale": gain}
+
+
+def _unstable(measured: Measurements, factor: float) -> bool:
+    limit = measured.largest_stable_lr
+    return limit is not None and measured.base_lr * factor > limit * (1 + 1e-9)
+
+
+def _excluded(measured: Measurements, rule: str, factor: float) -> str:
+    """`linear's LR 0.4 is above the largest stable LR 0.3 at batch 512 (at 0.4: ...)`."""
+    lr = measured.base_lr * factor
+    above = f" ({measured.instability})" if measured.instability else ""
+    return (
+        f"{rule}'s LR {lr:.3g} is above the largest stable LR {measured.largest_stable_lr:.3g} "
+        f"at batch {measured.global_batch}{above}"
+    )
+
+
+def _scaling(measured: Measurements, gain: float | None) -> Choice:
+    batch, reference = measured.global_batch, measured.reference_batch
+    if measured.scale <= 1:
+        return Choice("none", f"global batch {batch} is not above the reference batch {reference}")
+    factors = _factors(measured, gain)
+    stable = {rule: f for rule, f in factors.items() if not _unstable(measured, f)}
+    excluded = [_excluded(measured, rule, f) for rule, f in factors.items() if rule not in stable]
+    caveat = "".join(f"; {text}" for text in excluded)
+    if not stable:
+        return Choice(
+            "none",
+            f"even sqrt's LR {measured.base_lr * factors['sqrt']:.3g} is above the largest "
+            f"stable LR {measured.largest_stable_lr:.3g} at batch {batch}: keep the base LR "
+            f"{measured.base_lr:g}"
+            + (f" ({measured.instability})" if measured.instability else ""),
+        )
+    if gain is None:
+        preferred = ("linear", "sqrt") if measured.has_batchnorm else ("sqrt", "linear")
+        rule = next(rule for rule in preferred if rule in stable)
+        why = (
+            "BatchNorm networks nearly follow the linear rule (Goyal et al.; You et al.)"
+            if measured.has_batchnorm
+            else "without BatchNorm the linear rule is unreliable (You et al.; LRN diverged here)"
+        )
+        return Choice(
+            rule,
+            f"no noise scale measured; {why}: LR {measured.base_lr * stable[rule]:.3g} at "
+            f"batch {batch}{caveat}",
+        )
+    clause = f"{_batch_against_noise(measured)}: predicted gain {gain:.2f} of {measured.scale:g}"
+    fixed = {rule: f for rule, f in stable.items() if rule != "adascale"}
+    near = {rule: f for rule, f in fixed.items() if _distance(f, gain) <= math.log(RULE_TOLERANCE)}
+    if near:
+        rule = min(near, key=lambda name: _distance(near[name], gain))
+        return Choice(rule, f"{clause}, within 25% of {rule}'s {near[rule]:.2f}{caveat}")
+    if "adascale" in stable:
+        named = ", ".join(f"{rule} {f:.2f}" for rule, f in _factors(measured, None).items())
+        return Choice(
+            "adascale",
+            f"{clause}: no fixed rule within 25% ({named}); AdaScale applies the gain it "
+            f"measures at each step{caveat}",
+        )
+    rule = min(fixed, key=lambda name: _distance(fixed[name], gain))
+    return Choice(rule, f"{clause}: the nearest stable rule is {rule} ({fixed[rule]:.2f}){caveat}")
+
+
+def _distance(factor: float, gain: float) -> float:
+    return abs(math.log(factor / gain))
+
+
+def _warmup(measured: Measurements, rule: str) -> Choice:
+    if rule == "none":
+        return Choice(0.0, "the LR is not scaled up: nothing to warm up to")
+    if rule == "adascale":
+        return Choice(
+            0.0,
+            "AdaScale's gain starts from what the gradients allow; Johnson et al. train without "
+            "warmup",
+        )
+    factor = measured.scale if rule == "linear" else math.sqrt(measured.scale)
+    epochs = measured.epochs
+    warmup = min(max(round(2 * WARMUP_FRACTION * epochs) / 2, 1.0), MAX_WARMUP_EPOCHS, epochs / 2)
+    return Choice(
+        warmup,
+        f"{rule} scaling starts at LR {measured.base_lr * factor:.3g}, {factor:.2f}× the base "
+        f"LR: warm up over {warmup:g} of {epochs:g} epochs (a sixth, 1 to 5; cure-bn: 2 of 12)",
+    )
+
+
+def _budget(measured: Measurements, gain: float | None, rule: str) -> Choice:
+    scale = measured.scale
+    if scale <= 1:
+        return Choice("epochs", "at the reference batch, epochs and updates are the same budget")
+    if rule == "adascale":
+        return Choice(
+            "tau",
+            f"AdaScale ends when its progress tau reaches the reference's updates "
+            f"({measured.epochs:g} epochs at batch {measured.reference_batch}): between "
+            f"{measured.epochs:g} and {measured.epochs * scale:g} epochs, as the gain decides",
+        )
+    if gain is None:
+        return Choice(
+            "updates",
+            f"no noise scale measured: equal updates ({scale:g}× the epochs, Hoffer et al.) "
+            "cannot fall short",
+        )
+    needed = scale / gain
+    if needed <= EPOCHS_TOLERANCE:
+        return Choice(
+            "epochs",
+            f"{_batch_against_noise(measured)}: equal progress needs {needed:.2f}× the epochs; "
+            "equal epochs suffice",
+        )
+    return Choice(
+        "updates",
+        f"{_batch_against_noise(measured)}: each extra example buys less (equal progress needs "
+        f"≈ {needed:.1f}× the epochs); equal updates recommended ({scale:g}× the epochs)",
+    )
+
+
+def _final_multiplier(measured: Measurements) -> float:
+    """The decay's LR multiplier at the run's last epoch."""
+    epochs, factor = measured.epochs, measured.decay_factor
+    if measured.decay in ("cosine", "linear"):
+        return 0.0
+    if measured.decay == "staircase":
+        return factor ** math.floor(epochs / measured.decay_epochs)
+    if measured.decay == "piecewise":
+        return factor ** sum(boundary <= epochs for boundary in measured.decay_boundaries)
+    return 1.0
+
+
+def _decay(measured: Measurements, rule: str) -> Choice:
+    at_tau = ", evaluated at tau (in reference epochs)" if rule == "adascale" else ""
+    final = _final_multiplier(measured)
+    if final <= ANNEALED:
+        return Choice(
+            measured.decay,
+            f"{measured.decay} ends at {final:g}× the peak LR: annealed, kept{at_tau}",
+        )
+    return Choice(
+        "linear",
+        f"{measured.decay} leaves the LR at {final:g}× its peak after {measured.epochs:g} epochs: "
+        f"decay it linearly to 0{at_tau} (annealed, cure-bn's 4 towers came within 0.4 pp)",
+    )

@@ -1,0 +1,158 @@
+"""The recipe chosen from given measurements: a table of cases, each reason quoting its number."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from towerbench.tasks.advise_recipe import Measurements, choose_recipe, predicted_gain
+
+# The tutorial network's CIFAR-10 setting (README): 4 towers of 128 against the reference 128 at
+# base LR 0.1; the probe's instability above the stable LR quoted in the reasons.
+LRN = dict(towers=4, per_tower_batch=128, reference_batch=128, base_lr=0.1, epochs=10)
+DIVERGED = "cross-entropy 2.9 above ln 10 at LR 0.4"
+
+CASES = {
+    # cure-updates: noise scale 196 -> gain 1.83, nearest sqrt; linear 0.4 diverged.
+    "LRN, batch above the noise scale": (
+        dict(
+            LRN,
+            epochs=5,
+            has_batchnorm=False,
+            noise_scale=196,
+            largest_stable_lr=0.3,
+            instability=DIVERGED,
+            decay="constant",
+        ),
+        ("sqrt", 1.0, "updates", "linear"),
+        [
+            "global batch 512 is 2.6× the noise scale 196 (probe)",
+            "predicted gain 1.83 of 4, within 25% of sqrt's 2.00",
+            f"linear's LR 0.4 is above the largest stable LR 0.3 at batch 512 ({DIVERGED})",
+            "each extra example buys less (equal progress needs ≈ 2.2× the epochs); equal "
+            "updates recommended (4× the epochs)",
+            "constant leaves the LR at 1× its peak after 5 epochs: decay it linearly to 0",
+        ],
+    ),
+    # cure-bn: 9228 -> gain 3.84, linear; 4 / 3.84 = 1.04 times the epochs: equal epochs.
+    "BatchNorm, batch well below the noise scale": (
+        dict(
+            LRN,
+            epochs=12,
+            has_batchnorm=True,
+            noise_scale=9228,
+            noise_scale_source="final value",
+            decay="linear",
+        ),
+        ("linear", 2.0, "epochs", "linear"),
+        [
+            "global batch 512 is well below the noise scale 9228 (final value)",
+            "within 25% of linear's 4.00",
+            "warm up over 2 of 12 epochs",
+            "equal progress needs 1.04× the epochs; equal epochs suffice",
+            "linear ends at 0× the peak LR: annealed, kept",
+        ],
+    ),
+    # 1024 -> gain exactly 3: 33% from linear 4, 50% from sqrt 2.
+    "gain between sqrt and linear": (
+        dict(LRN, has_batchnorm=True, noise_scale=1024),
+        ("adascale", 0.0, "tau", "linear"),
+        [
+            "predicted gain 3.00 of 4: no fixed rule within 25% (linear 4.00, sqrt 2.00)",
+            "Johnson et al. train without warmup",
+            "between 10 and 40 epochs",
+            "decay it linearly to 0, evaluated at tau (in reference epochs)",
+        ],
+    ),
+    "adascale's LR above the stable LR": (
+        dict(LRN, has_batchnorm=True, noise_scale=1024, largest_stable_lr=0.25),
+        ("sqrt", 1.5, "updates", "linear"),
+        [
+            "the nearest stable rule is sqrt (2.00)",
+            "adascale's LR 0.3 is above the largest stable LR 0.25",
+            "warm up over 1.5 of 10 epochs",
+            "equal progress needs ≈ 1.3× the epochs",
+        ],
+    ),
+    "no LR is stable": (
+        dict(LRN, has_batchnorm=False, noise_scale=196, largest_stable_lr=0.15),
+        ("none", 0.0, "updates", "linear"),
+        ["even sqrt's LR 0.2 is above the largest stable LR 0.15 at batch 512: keep the base LR"],
+    ),
+    "one tower": (
+        dict(LRN, towers=1, has_batchnorm=False, noise_scale=196),
+        ("none", 0.0, "epochs", "linear"),
+        ["global batch 128 is not above the reference batch 128"],
+    ),
+    "no noise scale, BatchNorm": (
+        dict(LRN, has_batchnorm=True, noise_scale=math.nan, decay="cosine"),
+        ("linear", 1.5, "updates", "cosine"),
+        ["no noise scale measured; BatchNorm networks nearly follow the linear rule"],
+    ),
+    "no noise scale, no BatchNorm": (
+        dict(LRN, has_batchnorm=False, decay="staircase", decay_epochs=3),
+        ("sqrt", 1.5, "updates", "staircase"),
+        ["without BatchNorm the linear rule is unreliable", "staircase ends at 0.001×"],
+    ),
+    "piecewise decay within the budget": (
+        dict(
+            LRN,
+            has_batchnorm=True,
+            noise_scale=9228,
+            decay="piecewise",
+            decay_boundaries=(5.0, 8.0),
+        ),
+        ("linear", 1.5, "epochs", "piecewise"),
+        ["piecewise ends at 0.01× the peak LR: annealed, kept"],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_recipe_from_measurements(name):
+    measured, (rule, warmup, budget, decay), quoted = CASES[name]
+    recipe = choose_recipe(Measurements(**measured))
+    chosen = (
+        recipe.lr_scaling.value,
+        recipe.warmup_epochs.value,
+        recipe.budget.value,
+        recipe.decay.value,
+    )
+    assert chosen == (rule, warmup, budget, decay)
+    text = "\n".join(recipe.lines())
+    for phrase in quoted:
+        assert phrase in text
+
+
+def test_predicted_gain_is_adascales_gain_at_that_noise_scale():
+    from towerbench.model.adascale import gain_ratio
+
+    # sigma^2 = tr(Sigma)/b0 and |mu|^2 = tr(Sigma)/B_noise: scale |mu|^2 to 1.
+    for noise in (20.0, 196.0, 9228.0):
+        assert predicted_gain(noise, 128, 512) == pytest.approx(gain_ratio(noise / 128, 1.0, 4))
+    assert predicted_gain(1e-9, 128, 512) == pytest.approx(1.0)
+    assert predicted_gain(1e12, 128, 512) == pytest.approx(4.0)
+
+
+def test_recipe_as_params_sections():
+    adascale = choose_recipe(Measurements(**dict(LRN, has_batchnorm=True, noise_scale=1024)))
+    assert adascale.sections() == {
+        "train": {"decay": "linear"},
+        "sweep": {"lr_scaling": ["adascale"], "warmup_epochs": [0.0], "budget": "epochs"},
+    }
+    sqrt = choose_recipe(Measurements(**CASES["LRN, batch above the noise scale"][0]))
+    assert sqrt.sections()["sweep"]["budget"] == "updates"
+
+
+def test_bad_measurements_are_refused_by_name():
+    with pytest.raises(ValueError, match="per_tower_batch must be positive"):
+        Measurements(**dict(LRN, per_tower_batch=0, has_batchnorm=True))
+
+
+def test_choosing_a_recipe_loads_no_tensorflow():
+    script = "import sys, towerbench.tasks.advise_recipe\nprint('tensorflow' in sys.modules)\n"
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
