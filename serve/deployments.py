@@ -17,6 +17,7 @@ import httpx
 from towerbench.config.params import Params
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.processes import stop_tree
+from towerbench.core.reaper import Reaper
 from towerbench.serve.process_output import OutputRelay
 from towerbench.serve.telemetry import telemetry_off_unless_opted_in
 
@@ -144,17 +145,20 @@ def run_ui(params: Params, params_path: Path) -> None:
     # Ctrl-C (even if the shell started us with SIGINT ignored) and `kill` both end in `finally`.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    signal.signal(signal.SIGHUP, lambda *_: sys.exit(128 + signal.SIGHUP))  # terminal closed
     telemetry_off_unless_opted_in()
     tracking = params.tracking
     relay = OutputRelay(Path(tempfile.mkdtemp(prefix="towerbench-ui-")))
     prefect_url = f"http://{HOST}:{PREFECT_PORT}"
     processes: list[subprocess.Popen] = []
+    reaper = Reaper()  # ends the servers within seconds if we are killed (SIGKILL included)
     try:
         prefect_server = _start(
             [tool("prefect"), "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)],
             server_environment(),
         )
         processes.append(prefect_server)
+        reaper.watch(prefect_server)
         relay.follow("prefect-server", prefect_server.stdout)
         relay.follow("prefect-server", prefect_server.stderr)
         # Before the MLflow server opens the store: the link below goes straight to its runs.
@@ -167,6 +171,7 @@ def run_ui(params: Params, params_path: Path) -> None:
             mlflow_command += ["--default-artifact-root", tracking.artifact_root]
         mlflow_server = _start(mlflow_command, server_environment())
         processes.append(mlflow_server)
+        reaper.watch(mlflow_server)
         relay.follow("mlflow-ui", mlflow_server.stdout)
         relay.follow("mlflow-ui", mlflow_server.stderr)
         _wait_for(f"{prefect_url}/api/health", prefect_server)
@@ -180,6 +185,7 @@ def run_ui(params: Params, params_path: Path) -> None:
         command = [tool("towerbench"), "serve", "--params", str(params_path)]
         served = _start(command + ["--tracking-uri", tracking.tracking_uri or ""], environment)
         processes.append(served)
+        reaper.watch(served)
         relay.follow("serve", served.stdout)  # Prefect's banner; the runs log to stderr
         relay.follow("serve", served.stderr, everything=True)
         relay.say(f"Logs         {relay.log_dir}  (Ctrl-C stops everything)")
@@ -198,4 +204,5 @@ def run_ui(params: Params, params_path: Path) -> None:
     finally:
         for process in reversed(processes):  # serve first, while its server still answers
             stop_tree(process, SERVER_STOP_GRACE_SECONDS)
+        reaper.close()
         relay.finish()

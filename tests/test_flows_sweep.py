@@ -63,7 +63,7 @@ def prefect_api_url():
         yield PREFECT_API_URL.value()
 
 
-# `towerbench` (towerbench.cli.main.run) saying, as it exits, whether its own process imported TensorFlow.
+# `towerbench` (cli.main.run) saying, as it exits, whether its own process imported TensorFlow.
 COMMAND_SAYING_ITS_IMPORTS = (
     "import atexit, sys; from towerbench.cli import main as cli; atexit.register(lambda: print("
     "'tensorflow imported:', 'tensorflow' in sys.modules, file=sys.stderr)); cli.run()"

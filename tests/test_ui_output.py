@@ -75,7 +75,7 @@ def test_the_terminal_gets_errors_warnings_once_and_the_runs_lines(tmp_path) -> 
         RUN_OUTPUT.splitlines()[1],
         RUN_OUTPUT.splitlines()[2],
         "TypeError: inner  (traceback in {})".format(tmp_path / "serve.log"),
-        "towerbench.core.errors.TowerbenchError: params.yaml: fetch.name: 'digits-copy' in the form, "
-        "'digits' in params.yaml  (traceback in {})".format(tmp_path / "serve.log"),
+        "towerbench.core.errors.TowerbenchError: params.yaml: fetch.name: 'digits-copy' in the "
+        "form, 'digits' in params.yaml  (traceback in {})".format(tmp_path / "serve.log"),
         RUN_OUTPUT.splitlines()[-1],
     ]

@@ -1,0 +1,74 @@
+"""A watchdog that ends process groups when the process that started it dies, however it dies.
+
+`Reaper()` starts `python -m towerbench.core.reaper` in a session of its own, with a pipe from
+its owner as stdin. The owner names each group to watch (`watch`: a child started with
+`start_new_session=True` leads a group whose id is its pid). When the pipe closes (the owner
+exited, or was killed: SIGKILL and a closed terminal included) the watchdog sends SIGTERM to every
+group, and SIGKILL to what is left after `GRACE_SECONDS`, so servers and the workers they started
+do not outlive their owner holding its ports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+GRACE_SECONDS = 3.0
+
+
+def _alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def end_groups(groups: list[int], grace_seconds: float = GRACE_SECONDS) -> None:
+    """SIGTERM every group, then SIGKILL the ones still alive after `grace_seconds`."""
+    for group in groups:
+        if _alive(group):
+            os.killpg(group, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline and any(_alive(group) for group in groups):
+        time.sleep(0.1)
+    for group in groups:
+        if _alive(group):
+            os.killpg(group, signal.SIGKILL)
+
+
+class Reaper:
+    """The owner's side: start the watchdog, name the groups, close it at a normal end."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "towerbench.core.reaper"],
+            stdin=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # a terminal's Ctrl-C or hang-up does not reach it
+        )
+
+    def watch(self, process: subprocess.Popen) -> None:
+        """End `process`'s group (it must lead one) with this process."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{process.pid}\n")
+        self.process.stdin.flush()
+
+    def close(self) -> None:
+        """The owner is ending: the watchdog ends what is still running, then exits."""
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(GRACE_SECONDS + 5)
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    end_groups([int(line) for line in sys.stdin if line.strip()])
+
+
+if __name__ == "__main__":
+    main()

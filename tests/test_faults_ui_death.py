@@ -1,0 +1,63 @@
+"""`towerbench ui` killed or hung up (issue 29): the servers it started, and the workers they
+started, end within 5 s of its death, so the next `towerbench ui` finds its ports free."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+# An owner like `towerbench ui`: a reaper, a server in its own session that starts a worker of
+# its own (as `mlflow ui` starts uvicorn), then it prints their pids and waits to be killed.
+OWNER = """
+import subprocess, sys, time
+from towerbench.core.reaper import Reaper
+reaper = Reaper()
+server = subprocess.Popen(
+    [sys.executable, "-c",
+     "import subprocess, sys, time; "
+     "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+     "print(w.pid, flush=True); time.sleep(600)"],
+    stdout=subprocess.PIPE, text=True, start_new_session=True,
+)
+reaper.watch(server)
+worker = server.stdout.readline().strip()
+print(server.pid, worker, flush=True)
+time.sleep(600)
+"""
+
+
+def _gone(pids: list[int]) -> bool:
+    def running(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return not any(running(pid) for pid in pids)
+
+
+@pytest.mark.parametrize("death", [signal.SIGKILL, signal.SIGHUP])
+def test_what_the_owner_started_ends_within_5_s_of_its_death(death) -> None:
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
+    pids = [int(pid) for pid in owner.stdout.readline().split()]
+    assert len(pids) == 2 and not _gone(pids)
+    os.kill(owner.pid, death)
+    owner.wait()
+    deadline = time.monotonic() + 5
+    while not _gone(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(pids), "the server or its worker outlived its owner by 5 s"
+
+
+def test_a_normal_end_leaves_no_watchdog() -> None:
+    from towerbench.core.reaper import Reaper
+
+    reaper = Reaper()
+    reaper.close()
+    assert reaper.process.returncode == 0
