@@ -2,15 +2,17 @@
 
 `Reaper()` starts `python -m towerbench.core.reaper` in a session of its own, with a pipe from
 its owner as stdin. The owner names each group to watch (`watch`: a child started with
-`start_new_session=True` leads a group whose id is its pid). When the pipe closes (the owner
-exited, or was killed: SIGKILL and a closed terminal included) the watchdog sends SIGTERM to every
-group, and SIGKILL to what is left after `GRACE_SECONDS`, so servers and the workers they started
-do not outlive their owner holding its ports.
+`start_new_session=True` leads a group whose id is its pid) and each scratch folder to remove
+(`remove`, unless `keep` takes it back). When the pipe closes (the owner exited, or was killed:
+SIGKILL and a closed terminal included) the watchdog sends SIGTERM to every group, SIGKILL to what
+is left after `GRACE_SECONDS`, then removes the folders, so servers and the workers they started
+do not outlive their owner holding its ports, nor leave their files behind.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,9 +55,20 @@ class Reaper:
 
     def watch(self, process: subprocess.Popen) -> None:
         """End `process`'s group (it must lead one) with this process."""
+        self._say(f"group {process.pid}")
+
+    def _say(self, line: str) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write(f"{process.pid}\n")
+        self.process.stdin.write(line + "\n")
         self.process.stdin.flush()
+
+    def remove(self, folder: str) -> None:
+        """Remove `folder` once the watched groups have ended."""
+        self._say(f"remove {folder}")
+
+    def keep(self, folder: str) -> None:
+        """Take back a `remove`: the owner wants the folder kept (it names it in an error)."""
+        self._say(f"keep {folder}")
 
     def close(self) -> None:
         """The owner is ending: the watchdog ends what is still running, then exits."""
@@ -67,7 +80,19 @@ class Reaper:
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    end_groups([int(line) for line in sys.stdin if line.strip()])
+    groups: list[int] = []
+    folders: dict[str, None] = {}
+    for line in sys.stdin:
+        verb, _, argument = line.rstrip("\n").partition(" ")
+        if verb == "group":
+            groups.append(int(argument))
+        elif verb == "remove":
+            folders[argument] = None
+        elif verb == "keep":
+            folders.pop(argument, None)
+    end_groups(groups)
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

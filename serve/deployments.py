@@ -148,10 +148,15 @@ def run_ui(params: Params, params_path: Path) -> None:
     signal.signal(signal.SIGHUP, lambda *_: sys.exit(128 + signal.SIGHUP))  # terminal closed
     telemetry_off_unless_opted_in()
     tracking = params.tracking
-    relay = OutputRelay(Path(tempfile.mkdtemp(prefix="towerbench-ui-")))
+    # The servers' logs and temporary files, removed when ui ends (kept when it fails).
+    scratch = Path(tempfile.mkdtemp(prefix="towerbench-ui-"))
+    relay = OutputRelay(scratch / "logs")
+    relay.log_dir.mkdir()
+    os.environ["TMPDIR"] = str(scratch)  # the children's temporary files go there too
     prefect_url = f"http://{HOST}:{PREFECT_PORT}"
     processes: list[subprocess.Popen] = []
     reaper = Reaper()  # ends the servers within seconds if we are killed (SIGKILL included)
+    reaper.remove(str(scratch))
     try:
         prefect_server = _start(
             [tool("prefect"), "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)],
@@ -188,7 +193,7 @@ def run_ui(params: Params, params_path: Path) -> None:
         reaper.watch(served)
         relay.follow("serve", served.stdout)  # Prefect's banner; the runs log to stderr
         relay.follow("serve", served.stderr, everything=True)
-        relay.say(f"Logs         {relay.log_dir}  (Ctrl-C stops everything)")
+        relay.say(f"Logs         {relay.log_dir}  (Ctrl-C stops everything and removes them)")
         while served.poll() is None and not _deployments_served(f"{prefect_url}/api"):
             time.sleep(2)
         if served.poll() is None:
@@ -198,11 +203,12 @@ def run_ui(params: Params, params_path: Path) -> None:
                 f"{BENCHMARK_DEPLOYMENT} ({schedule})"
             )
         served.wait()
+        reaper.keep(str(scratch))  # the error names its logs
         raise TowerbenchError(
             f"`towerbench serve` exited with code {served.returncode}; see {relay.log_dir}"
         )
     finally:
         for process in reversed(processes):  # serve first, while its server still answers
             stop_tree(process, SERVER_STOP_GRACE_SECONDS)
-        reaper.close()
         relay.finish()
+        reaper.close()

@@ -61,10 +61,11 @@ class ClusterOutcome:
 
     @property
     def status(self) -> int:
-        """0 if every worker succeeded, else the first failing worker's code."""
+        """0 if every worker succeeded; else the first failing worker's exit code, or 1 when it
+        was lost (killed by a signal): the run failed, its input was fine."""
         if self.first_failure is None:
             return 0
-        return self.returncodes[self.first_failure] or 1
+        return max(self.returncodes[self.first_failure], 1)
 
     def failures(self) -> list[str]:
         """Why the run failed: the first failing worker's last error line (or how it ended)."""

@@ -1,5 +1,5 @@
-"""`towerbench ui` killed or hung up (issue 29): the servers it started, and the workers they
-started, end within 5 s of its death, so the next `towerbench ui` finds its ports free."""
+"""`towerbench ui` killed or hung up (issue 29): the servers it started, the workers they
+started and its scratch folder end within 5 s of its death: the next `ui` finds its ports free."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -15,9 +16,13 @@ import pytest
 # An owner like `towerbench ui`: a reaper, a server in its own session that starts a worker of
 # its own (as `mlflow ui` starts uvicorn), then it prints their pids and waits to be killed.
 OWNER = """
-import subprocess, sys, time
+import subprocess, sys, tempfile, time
 from towerbench.core.reaper import Reaper
 reaper = Reaper()
+scratch, kept = tempfile.mkdtemp(), tempfile.mkdtemp()
+reaper.remove(scratch)
+reaper.remove(kept)
+reaper.keep(kept)
 server = subprocess.Popen(
     [sys.executable, "-c",
      "import subprocess, sys, time; "
@@ -27,7 +32,7 @@ server = subprocess.Popen(
 )
 reaper.watch(server)
 worker = server.stdout.readline().strip()
-print(server.pid, worker, flush=True)
+print(server.pid, worker, scratch, kept, flush=True)
 time.sleep(600)
 """
 
@@ -45,7 +50,8 @@ def _gone(pids: list[int]) -> bool:
 @pytest.mark.parametrize("death", [signal.SIGKILL, signal.SIGHUP])
 def test_what_the_owner_started_ends_within_5_s_of_its_death(death) -> None:
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
-    pids = [int(pid) for pid in owner.stdout.readline().split()]
+    server, worker, scratch, kept = owner.stdout.readline().split()
+    pids = [int(server), int(worker)]
     assert len(pids) == 2 and not _gone(pids)
     os.kill(owner.pid, death)
     owner.wait()
@@ -53,6 +59,10 @@ def test_what_the_owner_started_ends_within_5_s_of_its_death(death) -> None:
     while not _gone(pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _gone(pids), "the server or its worker outlived its owner by 5 s"
+    while Path(scratch).exists() and time.monotonic() < deadline + 1:
+        time.sleep(0.1)
+    assert not Path(scratch).exists() and Path(kept).is_dir()
+    Path(kept).rmdir()
 
 
 def test_a_normal_end_leaves_no_watchdog() -> None:
