@@ -13,6 +13,7 @@ from towerbench.config.run_form import DatasetChoice, SweepChoice, form_override
 from towerbench.config.sections import TrainConfig, dataset_name
 from towerbench.core.errors import TowerbenchError
 from towerbench.flows.sweep import FlowKind, sweep_params
+from towerbench.tasks.dvc_stages import check_dvc_project
 from towerbench.tasks.fetch import fetch_task
 from towerbench.tasks.preprocess import preprocess_task
 from towerbench.tasks.report import publish_artifact
@@ -34,6 +35,7 @@ def run_pipeline(
     """Bring the data up to date through DVC in the project `project_dir` (the folder of the
     params file), then sweep with its hash as the data version."""
     check_trains_on_fetched_data(params)
+    check_dvc_project(project_dir)
     stages = fetch_task(project_dir, params.fetch, params.preprocess, params.data.data_dir)
     data_version = preprocess_task(stages)
     outcome = sweep_params(params, data_version=data_version, kind=kind, fresh=fresh)

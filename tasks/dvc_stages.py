@@ -108,6 +108,22 @@ class DataStages:
         return f"{self.folder.relative_to(self.project)}/dvc.yaml:{stage}"
 
 
+def check_dvc_project(project: Path) -> None:
+    """Refuse, in one line, a params file whose folder DVC cannot build data in: not inside a
+    DVC repository, or without the stages file."""
+    project = Path(project).resolve()
+    if not any((folder / ".dvc").is_dir() for folder in (project, *project.parents)):
+        raise TowerbenchError(
+            f"{project / PARAMS_FILE}: {project} is not inside a DVC repository (no .dvc/ in it "
+            "or above it): run `git init && dvc init` there first, or use `towerbench sweep` on "
+            "data you preprocessed with `towerbench fetch` and `towerbench preprocess`"
+        )
+    if not (project / STAGES_FILE).is_file():
+        raise TowerbenchError(
+            f"{project / STAGES_FILE} is missing: copy towerbench's dvc.yaml beside params.yaml"
+        )
+
+
 def data_stages(
     project: Path, fetch: FetchConfig, preprocess: PreprocessConfig, data_dir: Path
 ) -> DataStages:

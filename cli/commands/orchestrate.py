@@ -28,6 +28,7 @@ from towerbench.config.params import (
 )
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.core.outcome import Status, SweepResult
+from towerbench.tasks.dvc_stages import check_dvc_project
 
 # Prefect starts a temporary API server when none is configured; its default 20 s start-up
 # budget is too short on a busy 2-core machine.
@@ -123,6 +124,7 @@ def run_pipeline_command(args: argparse.Namespace) -> CommandResult:
     """The deployment's flow, with the form's values taken from the file and the options."""
     overrides = overrides_from_args(TrackingConfig, args)
     params = _checked(load(args.params, overrides))
+    check_dvc_project(args.params.parent)  # before Prefect starts: 20 s saved on a wrong folder
     _prepare_prefect(params)
     from towerbench.config.run_form import form_parameters
     from towerbench.flows.pipeline import pipeline
