@@ -18,6 +18,7 @@ initialisation, so a run resumed from step s replays the steps an uninterrupted 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -201,6 +202,12 @@ def _set_up(
     # Seeds agree on every worker; this also hands a resumed chief's state to the others.
     broadcast_from_chief(state_variables(state), cluster, devices.parameter_device)
     step = int(optimizer.iterations.numpy())
+    if history:
+        print(
+            f"resuming from step {step} (epoch {history[-1].epoch:g}) of {checkpoint_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
     return _Run(
         config=config,
         manifest=manifest,

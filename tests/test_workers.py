@@ -5,6 +5,7 @@ checkpoint and ends with the weights of one process with 4 towers."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -44,7 +45,9 @@ def _train(params_file: Path, checkpoints: Path, *options: str, capfd) -> dict:
     status = main([*argv, *options, "--json"])
     captured = capfd.readouterr()
     assert status == 0, captured.err[-3000:]
-    return json.loads(captured.out)
+    document = json.loads(captured.out)
+    document["stderr"] = captured.err
+    return document
 
 
 def _weights(checkpoints: Path) -> dict[str, np.ndarray]:
@@ -117,6 +120,9 @@ def test_a_killed_worker_ends_the_run_and_the_resumed_workers_match_one_process_
     assert not any(worker.is_running() for worker in workers.values())
 
     document = _train(params_file, tmp_path, "--workers", "2", "--towers", "2", capfd=capfd)
+    assert re.search(
+        f"resuming from step (7|14) \\(epoch (1|2)\\) of {tmp_path}\n", document["stderr"]
+    )
     assert document["replicas"] == 4 and document["per_tower_batch"] == 8
     assert len(document["cluster"]) == 2 and document["cluster"][0].startswith("127.0.0.1:")
     assert document["steps"] == EPOCHS * 7 and document["config"]["workers"] == 2
