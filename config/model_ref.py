@@ -35,8 +35,11 @@ class ModelReference:
 
     @property
     def label(self) -> str:
-        """How reports name the network: the built-in name or the function's name."""
-        return self.function or self.text
+        """How reports name the network: the built-in name, or the function with its file's
+        stem or its module (`small_resnet:build`), never the folder it lies in."""
+        if self.function is None:
+            return self.text
+        return f"{self.path.stem if self.path is not None else self.module}:{self.function}"
 
     def source_file(self) -> Path | None:
         """The file the function is defined in (a module's, found without running it)."""
@@ -56,6 +59,20 @@ class ModelReference:
         if source is None or not source.is_file():
             return None
         return hashlib.sha256(source.read_bytes()).hexdigest()
+
+
+def provenance(text: str) -> dict[str, str]:
+    """What names a user's network in MLflow: its function and its file's sha256 (empty for a
+    built-in network, whose code is towerbench's version)."""
+    reference = parse_model(text)
+    if reference.builtin:
+        return {}
+    return {"model_function": reference.function, "model_digest": reference.digest() or "missing"}
+
+
+def model_label(text: str) -> str:
+    """`net:build` for `/path/to/net.py:build`, the name for a built-in network."""
+    return parse_model(text).label
 
 
 def parse_model(text: str) -> ModelReference:

@@ -56,8 +56,9 @@ def test_model_references_parse_into_builtin_file_and_module_forms():
     assert (reference.module, reference.function, reference.label) == (
         "mypackage.nets",
         "build_net",
-        "build_net",
+        "mypackage.nets:build_net",
     )
+    assert parse_model("/home/me/nets/small.py:build").label == "small:build"
     with pytest.raises(ValueError, match="not a built-in network"):
         parse_model("resnet50")
     with pytest.raises(ValueError, match="not a function name"):
@@ -356,8 +357,8 @@ def test_gradcheck_names_rounding_where_the_network_has_no_batchnorm(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("towers", [1, 2])
-def test_train_takes_a_model_file_next_to_the_params_file(tmp_path, capfd, towers):
+@pytest.mark.parametrize(("towers", "workers"), [(1, 1), (2, 1), (1, 2)])
+def test_train_takes_a_model_file_next_to_the_params_file(tmp_path, capfd, towers, workers):
     params = fixtures_model.write_digits_project(
         tmp_path,
         "train:\n  model: net.py:build\n  epochs: 1\n  global_batch: 32\n",
@@ -365,9 +366,11 @@ def test_train_takes_a_model_file_next_to_the_params_file(tmp_path, capfd, tower
         test=64,
     )
     _model_file(tmp_path, USER_MODEL)
-    status = main(["train", "--params", str(params), "--towers", str(towers), "--json"])
+    options = ["--towers", str(towers), "--workers", str(workers), "--json"]
+    status = main(["train", "--params", str(params), *options])
     captured = capfd.readouterr()
     assert status == 0, captured.err[-3000:]
     document = json.loads(captured.out)
     assert document["config"]["model"] == f"{tmp_path}/net.py:build"
-    assert document["config"]["towers"] == towers
+    assert (document["config"]["towers"], document["config"]["workers"]) == (towers, workers)
+    assert document["status"] == "completed"
