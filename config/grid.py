@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from towerbench.config.model_ref import model_label
 from towerbench.config.params import SweepGrid
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError, describe_validation_error
@@ -90,6 +91,11 @@ def _format(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _format_field(config: TrainConfig, name: str) -> str:
+    """A swept field's value as labels show it; a model file by its function's name."""
+    return model_label(config.model) if name == "model" else _format(getattr(config, name))
+
+
 def group_name(config: TrainConfig, extra_fields: list[str] | tuple[str, ...] = ()) -> str:
     """`towers=4 agg=mean lr=linear warmup=2` (`workers=2 towers=2 ...` with several workers, +
     any other swept field): one configuration."""
@@ -102,7 +108,12 @@ def group_name(config: TrainConfig, extra_fields: list[str] | tuple[str, ...] = 
     ]
     if config.precision != "float32":
         parts.append(f"precision={config.precision}")
-    parts += [f"{name}={_format(getattr(config, name))}" for name in extra_fields]
+    parts += [
+        f"model={model_label(config.model)}"
+        if name == "model"
+        else f"{name}={_format(getattr(config, name))}"
+        for name in extra_fields
+    ]
     return " ".join(parts)
 
 

@@ -8,7 +8,7 @@ changes this module, not the commands' options.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from towerbench.config.model_ref import absolute_model
 from towerbench.config.params import (
     Params,
     ReportConfig,
@@ -46,6 +47,8 @@ REPORT_DIR: Key = ("report", "report_dir")
 TRACKING_URI: Key = ("tracking", "tracking_uri")
 ARTIFACT_ROOT: Key = ("tracking", "artifact_root")
 PRESET: Key = ("sweep", "preset")
+TRAIN_MODEL: Key = ("train", "model")
+GRID_MODEL: Key = ("sweep", "grid", "model")
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ def load(
         name_of = _location_namer(params_path, {o.key: o.option for o in overrides})
         raise TowerbenchError(describe_validation_error(error, name_of)) from None
     file_dir = params_path.resolve().parent if params_path is not None else None
-    return _absolute_locations(params, file_dir, given, resolve_tracking)
+    return _absolute_locations(params, file_dir, given, resolve_tracking, params_path)
 
 
 def _section(raw: dict[str, Any], key: Key, params_path: Path | None) -> dict[str, Any]:
@@ -148,8 +151,32 @@ def _location_namer(params_path: Path | None, options: dict[Key, str]):
     return name_of
 
 
+def _absolute_models(
+    params: Params, base: Callable[[Key], Path], where: Callable[[Key], str]
+) -> tuple[TrainConfig, SweepGrid]:
+    """`train:` and `sweep:` with model files made absolute against `base(key)`; one line naming
+    the key (or option) when a file is missing."""
+
+    def absolute(model: str, key: Key) -> str:
+        try:
+            return absolute_model(model, base(key))
+        except ValueError as error:
+            raise TowerbenchError(f"{where(key)}: {error}") from None
+
+    train = params.train.model_copy(update={"model": absolute(params.train.model, TRAIN_MODEL)})
+    sweep = params.sweep
+    if sweep.grid.model is not None:
+        models = [absolute(model, GRID_MODEL) for model in sweep.grid.model]
+        sweep = sweep.model_copy(update={"grid": sweep.grid.model_copy(update={"model": models})})
+    return train, sweep
+
+
 def _absolute_locations(
-    params: Params, file_dir: Path | None, given: set[Key], resolve_tracking: bool
+    params: Params,
+    file_dir: Path | None,
+    given: set[Key],
+    resolve_tracking: bool,
+    params_path: Path | None,
 ) -> Params:
     file_base = file_dir or Path.cwd()
 
@@ -164,6 +191,13 @@ def _absolute_locations(
             update={"report_dir": absolute(REPORT_DIR, params.report.report_dir)}
         ),
     }
+    updates["train"], updates["sweep"] = _absolute_models(
+        params,
+        lambda key: absolute(key, Path()),
+        lambda key: (
+            "--model" if key in given or params_path is None else f"{params_path}: {dotted(key)}"
+        ),
+    )
     if resolve_tracking:
         base_dir = None if TRACKING_URI in given else file_dir
         updates["tracking"] = absolute_tracking(params.tracking, base_dir)

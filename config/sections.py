@@ -19,6 +19,8 @@ from pydantic import (
     model_validator,
 )
 
+from towerbench.config.model_ref import parse_model
+
 DATASET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 SourceName = Literal["digits", "cifar10", "cifar100", "imagefolder"]
@@ -119,10 +121,14 @@ class TrainConfig(StrictModel):
     dataset: str = Field(
         "digits", pattern=DATASET_NAME_PATTERN, description="Preprocessed dataset name."
     )
-    model: Literal["tutorial", "tutorial_bn", "resnet20"] = Field(
+    model: str = Field(
         "tutorial",
-        description="Network: the tutorial's CNN (LRN), the same with BatchNorm in place of each "
-        "LRN (statistics per tower), or ResNet-20.",
+        description="Network: tutorial (the tutorial's CNN, LRN), tutorial_bn (the same with "
+        "BatchNorm in place of each LRN, statistics per tower), resnet20, or your own: "
+        "path/to/file.py:function (relative to the params file's folder) or "
+        "package.module:function, called as function(input_shape, num_classes) and returning "
+        "an uncompiled Keras model whose output is logits (its layers' regularizers are its "
+        "weight decay; weight_decay applies to built-in networks only).",
     )
     towers: int = Field(1, ge=1, le=1024, description="Towers per worker, one per device.")
     workers: int = Field(
@@ -211,6 +217,12 @@ class TrainConfig(StrictModel):
         description="Stop early when a step's cross-entropy is NaN or above this many times "
         "chance level (ln of the number of classes).",
     )
+
+    @field_validator("model")
+    @classmethod
+    def _model_reference(cls, model: str) -> str:
+        parse_model(model)
+        return model
 
     @field_validator("global_batch")
     @classmethod

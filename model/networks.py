@@ -13,6 +13,7 @@ import keras
 import tensorflow as tf
 
 from towerbench.model.precision import Precision, layers_in
+from towerbench.model.user_model import build_user_model
 
 
 @dataclass
@@ -224,16 +225,19 @@ def build_network(
     precision: Precision = "float32",
 ) -> Network:
     """Build network `name` for images of `input_shape` (H, W, C) and `num_classes` classes,
-    its layers computing in `precision` (model.precision); logits are float32 either way."""
+    its layers computing in `precision` (model.precision); logits are float32 either way.
+    `name` is a built-in network or a reference to the user's function (config.model_ref):
+    that one is checked (model.user_model), and its own regularizers are its weight decay."""
     builders = {
         "tutorial": tutorial_network,
         "tutorial_bn": tutorial_bn_network,
         "resnet20": resnet20_network,
     }
-    if name not in builders:
-        raise ValueError(f"unknown network {name!r}; choose one of {', '.join(builders)}")
     with layers_in(precision):
-        network = builders[name](input_shape, num_classes, seed)
+        if name in builders:
+            network = builders[name](input_shape, num_classes, seed)
+        else:
+            network = Network(build_user_model(name, input_shape, num_classes), [])
     if precision == "float32":
         return network
     logits = keras.layers.Activation("linear", dtype="float32", name="logits_float32")

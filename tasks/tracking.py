@@ -16,6 +16,7 @@ from mlflow.entities import Param, Run, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from towerbench.config.model_ref import model_label, provenance
 from towerbench.config.params import TrackingConfig
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import Outcome, Status
@@ -71,7 +72,7 @@ def client_for(tracking: TrackingConfig) -> MlflowClient:
 
 
 def experiment_name(tracking: TrackingConfig, config: TrainConfig) -> str:
-    return tracking.experiment or f"towerbench-{config.dataset}-{config.model}"
+    return tracking.experiment or f"towerbench-{config.dataset}-{model_label(config.model)}"
 
 
 def ensure_experiment(tracking: TrackingConfig, name: str) -> str:
@@ -119,8 +120,11 @@ def config_key(config: TrainConfig) -> str:
 
 
 def sweep_key(configs: list[TrainConfig], data_versions: list[str], flow: str) -> str:
-    """The same configurations on the same data from the same flow: the same sweep."""
-    payload = json.dumps([flow, sorted(data_versions), [config_key(c) for c in configs]])
+    """The same configurations on the same data from the same flow, and the same content of
+    every model file: the same sweep (editing a model file starts a new one)."""
+    digests = sorted({provenance(c.model).get("model_digest", "") for c in configs} - {""})
+    payload = [flow, sorted(data_versions), [config_key(c) for c in configs]]
+    payload = json.dumps(payload + [digests] if digests else payload)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -211,6 +215,7 @@ def create_config_run(
     )
     params = flat_params(config.model_dump(mode="json"))
     params["data_version"] = data_version
+    params.update(provenance(config.model))
     log_params(client, run.info.run_id, params)
     return run.info.run_id
 

@@ -119,6 +119,9 @@ def run(request: WorkerRequest) -> Outcome:
     mlflow.log_params(final.mlflow_params())
     mlflow.log_metrics(final.mlflow_metrics(), step=epoch_step(final.epochs))
     evaluate.log_evaluation(result)
+    lines: list[str] = []
+    result.model.summary(print_fn=lambda line, **_: lines.append(line))
+    mlflow.log_text("\n".join(lines), "model_summary.txt")  # layers and parameter counts
     if final.unstable is not None:
         mlflow.set_tag(UNSTABLE_TAG, final.unstable)
     mlflow.set_tag(STATUS_TAG, result.status)

@@ -207,7 +207,7 @@ def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
             f"{mean['variable']:32s} {mean['grad_rel_diff']:16.2e} "
             f"{mirrored['grad_rel_diff']:20.2e}"
         )
-    for key in ("mean_vs_single", "mirrored_vs_single"):
+    for key in ("mean_vs_single", "mirrored_vs_single", "mirrored_vs_mean", "ghost_vs_mean"):
         item = result[key]
         print(
             f"{key}: gradients max abs {item['max_abs_diff']:.2e}, max rel "
@@ -226,5 +226,7 @@ def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
         f"sum_vs_mean: ratio {summed['ratio']:.6f} (expected {config.towers}), "
         f"max rel diff from k x mean {summed['max_rel_diff_from_k_times_mean']:.2e}"
     )
+    verdict = "agree" if result["passed"] else "DO NOT agree"
+    print(f"within the tolerance {result['tolerance']:g}: the ways {verdict}")
     print(result["explanation"])
     return CommandResult(0, result)

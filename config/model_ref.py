@@ -1,0 +1,108 @@
+"""Which network a run trains: a built-in name, or a function of the user's that builds one.
+
+`train.model` is `tutorial`, `tutorial_bn`, `resnet20`, `path/to/file.py:function` (relative to
+the params file's folder, or absolute) or `package.module:function` (importable). Parsing and
+the file's digest need no import of the file: the configuration is checked before TensorFlow
+is, and the user's code runs only in the processes that build the network (model.user_model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+BUILTIN_MODELS = ("tutorial", "tutorial_bn", "resnet20")
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_MODULE = re.compile(rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*$")
+_FUNCTION = re.compile(rf"^{_IDENTIFIER}$")
+
+
+@dataclass(frozen=True)
+class ModelReference:
+    """`train.model` taken apart: a built-in `name`, or a `function` in a `path` or `module`."""
+
+    text: str
+    path: Path | None = None
+    module: str | None = None
+    function: str | None = None
+
+    @property
+    def builtin(self) -> bool:
+        return self.function is None
+
+    @property
+    def label(self) -> str:
+        """How reports name the network: the built-in name, or the function with its file's
+        stem or its module (`small_resnet:build`), never the folder it lies in."""
+        if self.function is None:
+            return self.text
+        return f"{self.path.stem if self.path is not None else self.module}:{self.function}"
+
+    def source_file(self) -> Path | None:
+        """The file the function is defined in (a module's, found without running it)."""
+        if self.path is not None:
+            return self.path
+        if self.module is None:
+            return None
+        try:
+            spec = importlib.util.find_spec(self.module)
+        except (ImportError, ValueError):
+            return None
+        return Path(spec.origin) if spec is not None and spec.origin else None
+
+    def digest(self) -> str | None:
+        """sha256 of the model file's content (None for a built-in network)."""
+        source = self.source_file()
+        if source is None or not source.is_file():
+            return None
+        return hashlib.sha256(source.read_bytes()).hexdigest()
+
+
+def provenance(text: str) -> dict[str, str]:
+    """What names a user's network in MLflow: its function and its file's sha256 (empty for a
+    built-in network, whose code is towerbench's version)."""
+    reference = parse_model(text)
+    if reference.builtin:
+        return {}
+    return {"model_function": reference.function, "model_digest": reference.digest() or "missing"}
+
+
+def model_label(text: str) -> str:
+    """`net:build` for `/path/to/net.py:build`, the name for a built-in network."""
+    return parse_model(text).label
+
+
+def parse_model(text: str) -> ModelReference:
+    """`text` as a reference; ValueError, in one line, when it is none of the three forms."""
+    if text in BUILTIN_MODELS:
+        return ModelReference(text)
+    where, colon, function = text.rpartition(":")
+    if not colon or not where:
+        raise ValueError(
+            f"{text!r} is not a built-in network ({', '.join(BUILTIN_MODELS)}) nor "
+            "path/to/file.py:function nor package.module:function"
+        )
+    if not _FUNCTION.match(function):
+        raise ValueError(f"{text!r}: {function!r} after the colon is not a function name")
+    if where.endswith(".py"):
+        return ModelReference(text, path=Path(where), function=function)
+    if not _MODULE.match(where):
+        raise ValueError(
+            f"{text!r}: {where!r} is neither a .py file nor a dotted module name (package.module)"
+        )
+    return ModelReference(text, module=where, function=function)
+
+
+def absolute_model(text: str, base: Path) -> str:
+    """`text` with a relative model file made absolute against `base`; ValueError naming the
+    file when it does not exist. Built-in names and module references come back unchanged."""
+    reference = parse_model(text)
+    if reference.path is None:
+        return text
+    path = reference.path if reference.path.is_absolute() else base / reference.path
+    if not path.is_file():
+        raise ValueError(f"{reference.path}: no such model file (looked for {path})")
+    return f"{path}:{reference.function}"

@@ -1,0 +1,219 @@
+"""Your own network: `function(input_shape, num_classes)` from a file or module, checked for towers.
+
+The function returns an uncompiled Keras model whose one output is logits of shape
+(batch, num_classes). Everything that would fail later, or silently train something else across
+towers, is refused here in one line before any training step: a missing file or function, an
+exception while importing or building (with the file and line it came from), a wrong return type,
+input or output shape, a final softmax, no trainable weights, a stateful RNN, or a layer other
+than BatchNormalization that updates its own state in training (towers would average it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from towerbench.config.model_ref import ModelReference, parse_model
+from towerbench.core.errors import TowerbenchError
+
+SEED_STATE = "seed_generator_state"  # a Dropout's random state, drawn per tower (model.towers)
+
+
+def _where_raised(error: BaseException) -> str:
+    """`file:line` of the innermost frame of `error` (a SyntaxError's own location)."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{error.filename}:{error.lineno}"
+    frames = traceback.extract_tb(error.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
+def _raised(what: str, error: BaseException) -> str:
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{what} raised {type(error).__name__}: {message} ({_where_raised(error)})"
+
+
+def _import(reference: ModelReference):
+    """The module the function lives in, imported once per process."""
+    if reference.path is None:
+        try:
+            return importlib.import_module(reference.module)
+        except Exception as error:  # the user's code: any exception is a one-line refusal
+            raise TowerbenchError(
+                f"{reference.text}: " + _raised(f"importing {reference.module}", error)
+            ) from None
+    path = reference.path
+    if not path.is_file():
+        raise TowerbenchError(f"{reference.text}: {path}: no such model file")
+    name = f"towerbench_user_model_{abs(hash(str(path.resolve())))}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        raise TowerbenchError(f"{reference.text}: " + _raised(f"importing {path}", error)) from None
+    sys.modules[name] = module
+    return module
+
+
+def load_builder(reference: ModelReference) -> Callable[..., object]:
+    """The user's model-building function."""
+    module = _import(reference)
+    builder = getattr(module, reference.function, None)
+    if builder is None:
+        defined = sorted(
+            name
+            for name, value in vars(module).items()
+            if callable(value) and not name.startswith("_") and not isinstance(value, type)
+        )
+        shown = ", ".join(defined) if defined else "none"
+        raise TowerbenchError(
+            f"{reference.text}: no function {reference.function!r} in "
+            f"{reference.path or reference.module} (its functions: {shown})"
+        )
+    if not callable(builder):
+        raise TowerbenchError(f"{reference.text}: {reference.function} is not a function")
+    return builder
+
+
+def layers_of(model: keras.Model) -> list[keras.layers.Layer]:
+    """Every layer inside `model`, nested models' layers included."""
+    return list(model._flatten_layers(include_self=False))
+
+
+def _owners(model: keras.Model) -> dict[int, keras.layers.Layer]:
+    """The innermost layer owning each variable (by id)."""
+    owners: dict[int, keras.layers.Layer] = {}
+    for layer in layers_of(model):  # outer layers come first, inner ones overwrite them
+        for variable in layer.variables:
+            owners[id(variable)] = layer
+    return owners
+
+
+def _final_softmax(model: keras.Model, probe: np.ndarray) -> str | None:
+    """Why the output looks like probabilities rather than logits, or None."""
+    last = model.layers[-1] if model.layers else None
+    activation = getattr(last, "activation", None)
+    if isinstance(last, keras.layers.Softmax) or activation is keras.activations.softmax:
+        return f"its last layer {last.name!r} applies softmax"
+    rows = probe.sum(axis=-1)
+    if probe.shape[-1] > 1 and np.all(probe >= 0) and np.allclose(rows, 1.0, atol=1e-5):
+        return "its outputs are non-negative and sum to 1 (a softmax)"
+    return None
+
+
+def _refuse_tower_unsafe(model: keras.Model, probe_batch: tf.Tensor, text: str) -> None:
+    """Refuse stateful RNNs, and state other than BatchNorm's and Dropout's random state that
+    changes in a training call: towers would each update their copy and average them."""
+    for layer in layers_of(model):
+        if isinstance(layer, keras.layers.RNN) and getattr(layer, "stateful", False):
+            raise TowerbenchError(
+                f"{text}: layer {layer.name!r} is a stateful RNN: its state would carry from one "
+                "tower's shard to another's; use stateful=False"
+            )
+    before = [v.value for v in model.non_trainable_variables]
+    _, after = model.stateless_call(
+        [v.value for v in model.trainable_variables], before, probe_batch, training=True
+    )
+    owners = _owners(model)
+    for variable, old, new in zip(model.non_trainable_variables, before, after, strict=True):
+        layer = owners.get(id(variable))
+        if isinstance(layer, keras.layers.BatchNormalization) or variable.name == SEED_STATE:
+            continue
+        if not np.array_equal(np.asarray(old), np.asarray(new)):
+            name = layer.name if layer is not None else variable.path
+            raise TowerbenchError(
+                f"{text}: layer {name!r} updates its variable {variable.name!r} in training; "
+                "towers would average each one's update, which only BatchNormalization's moving "
+                "statistics are known to tolerate"
+            )
+
+
+def check_model(
+    model: object, text: str, function: str, input_shape: Sequence[int], num_classes: int
+) -> keras.Model:
+    """`model` if it is a Keras model of logits the towers can train; else TowerbenchError."""
+    if not isinstance(model, keras.Model):
+        raise TowerbenchError(
+            f"{text}: {function} returned {type(model).__name__}, not a tf.keras.Model"
+        )
+    shape = tuple(int(size) for size in input_shape)
+    if len(model.inputs or []) > 1 or len(model.outputs or []) > 1:
+        raise TowerbenchError(
+            f"{text}: the model has {len(model.inputs)} inputs and {len(model.outputs)} outputs; "
+            "towers train one image input and one output of logits"
+        )
+    if model.inputs:
+        built_for = tuple(model.inputs[0].shape[1:])
+        if built_for != shape:
+            raise TowerbenchError(
+                f"{text}: the model was built for inputs of shape {built_for}, the data feeds "
+                f"{shape}; build keras.Input(shape=input_shape) from the argument"
+            )
+    probe_batch = tf.random.stateless_normal((2, *shape), seed=[0, 0])
+    try:
+        outputs = model(probe_batch, training=False)
+    except Exception as error:
+        raise TowerbenchError(
+            f"{text}: " + _raised(f"calling the model on a batch of shape {(2, *shape)}", error)
+        ) from None
+    if isinstance(outputs, (list, tuple, dict)):
+        raise TowerbenchError(
+            f"{text}: the model returns {type(outputs).__name__} of outputs; towers train one "
+            "output of logits"
+        )
+    if tuple(outputs.shape) != (2, num_classes):
+        raise TowerbenchError(
+            f"{text}: the output's shape is (batch, {', '.join(map(str, outputs.shape[1:]))}), "
+            f"not (batch, {num_classes}): end with keras.layers.Dense(num_classes)"
+        )
+    softmax = _final_softmax(model, np.asarray(outputs, dtype=np.float64))
+    if softmax is not None:
+        raise TowerbenchError(
+            f"{text}: {softmax}; return logits (Dense(num_classes) with no activation): the "
+            "towers apply softmax in the cross-entropy"
+        )
+    if not model.trainable_variables:
+        raise TowerbenchError(f"{text}: the model has no trainable weights")
+    _refuse_tower_unsafe(model, probe_batch, text)
+    return model
+
+
+def build_user_model(text: str, input_shape: Sequence[int], num_classes: int) -> keras.Model:
+    """The user's network for `text` (`file.py:function` or `package.module:function`), built
+    for images of `input_shape` (H, W, C) and checked."""
+    reference = parse_model(text)
+    builder = load_builder(reference)
+    shape = tuple(int(size) for size in input_shape)
+    try:
+        model = builder(shape, num_classes)
+    except Exception as error:
+        raise TowerbenchError(
+            f"{text}: " + _raised(f"{reference.function}({shape}, {num_classes})", error)
+        ) from None
+    return check_model(model, text, reference.function, shape, num_classes)
+
+
+def disable_dropout(model: keras.Model) -> list[str]:
+    """Set every dropout and noise layer's rate to 0 (gradcheck compares deterministic passes);
+    the names of the layers changed."""
+    changed = []
+    for layer in layers_of(model):
+        if isinstance(
+            layer, (keras.layers.Dropout, keras.layers.GaussianDropout, keras.layers.AlphaDropout)
+        ):
+            layer.rate = 0.0
+        elif isinstance(layer, keras.layers.GaussianNoise):
+            layer.stddev = 0.0
+        else:
+            continue
+        changed.append(layer.name)
+    return changed
