@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from towerbench.core.errors import TowerbenchError
+
 BUILTIN_MODELS = ("tutorial", "tutorial_bn", "resnet20")
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 _MODULE = re.compile(rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*$")
@@ -105,4 +107,22 @@ def absolute_model(text: str, base: Path) -> str:
     path = reference.path if reference.path.is_absolute() else base / reference.path
     if not path.is_file():
         raise ValueError(f"{reference.path}: no such model file (looked for {path})")
+    return f"{path}:{reference.function}"
+
+
+def model_in_checkout(text: str, project: Path, sweep_digest: str | None) -> str:
+    """A pool worker's model reference: a relative file taken in its checkout `project`, refused
+    in one line when its content is not the file the sweep planned with (`sweep_digest`)."""
+    reference = parse_model(text)
+    if reference.path is None:
+        return text
+    path = project / reference.path  # an absolute path stays as it is
+    here = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    if here is None:
+        raise TowerbenchError(f"model file {path} is missing in this worker's checkout")
+    if sweep_digest is not None and here != sweep_digest:
+        raise TowerbenchError(
+            f"model file {path} differs from the sweep's (sha256 {here[:12]} here, "
+            f"{sweep_digest[:12]} in the sweep): bring this worker's checkout up to date"
+        )
     return f"{path}:{reference.function}"

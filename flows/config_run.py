@@ -19,6 +19,7 @@ from mlflow.entities import Run
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from towerbench.config.model_ref import model_in_checkout
 from towerbench.config.params import TrackingConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Outcome, Status
@@ -90,6 +91,7 @@ def train_config(request: WorkerRequest, name: str, attempt: int = 1) -> Outcome
     data_dir = project / request.data_dir  # an absolute data_dir (a shared mount) stays as is
     try:
         ensure_data(project, data_dir, request.config.dataset, request.data_version)
+        model = model_in_checkout(request.config.model, project, request.model_digest)
     except TowerbenchError as error:
         mark_failed(tracking, request.run_id, str(error))
         raise
@@ -103,7 +105,9 @@ def train_config(request: WorkerRequest, name: str, attempt: int = 1) -> Outcome
     set_tags(tracking, request.run_id, placement)
     logger.info("%s: attempt %d on %s", name, attempt, placement[WORKER_TAG])
     checkpoints = checkpoint_dir(data_dir, request.run_id)
-    local = request.model_copy(update={"data_dir": data_dir, "checkpoint_dir": checkpoints})
+    config = request.config.model_copy(update={"model": model})
+    update = {"data_dir": data_dir, "checkpoint_dir": checkpoints, "config": config}
+    local = request.model_copy(update=update)
     outcome = train_configuration(local, name, tracking)
     if _owner(client_for(tracking).get_run(request.run_id)) == attempt:  # else it resumes here
         shutil.rmtree(checkpoints, ignore_errors=True)  # the model is in MLflow

@@ -29,6 +29,7 @@ from prefect.artifacts import (
 from prefect.exceptions import TerminationSignal
 
 from towerbench.config.grid import expand, group_name, run_name, swept_fields
+from towerbench.config.model_ref import parse_model
 from towerbench.config.params import Params, ReportConfig, SweepGrid, TrackingConfig
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.config.tracking_uri import PROJECT_DIR, resolve_tracking
@@ -213,14 +214,30 @@ def train_here(plan: SweepPlan, run: SweepRun, job: Pending, progress: UUID) -> 
     return summarize(request.run_id, job.name, job.config, outcome)
 
 
-def on_workers(data_dir: Path) -> Path:
-    """The data folder as workers find it: relative to the project (the folder the sweep runs
-    in, else towerbench's checkout) when it lies inside it, so each worker takes it in its own
-    `--project`; else as is (a shared mount)."""
+def on_workers(path: Path) -> Path:
+    """A path (the data folder, a model file) as workers find it: relative to the project (the
+    folder the sweep runs in, else towerbench's checkout) when it lies inside it, so each worker
+    takes it in its own `--project`; else as is (a shared mount)."""
     for project in (Path.cwd(), PROJECT_DIR):
-        if data_dir.is_relative_to(project):
-            return data_dir.relative_to(project)
-    return data_dir
+        if path.is_relative_to(project):
+            return path.relative_to(project)
+    return path
+
+
+def for_workers(request: WorkerRequest, data_dir: Path) -> WorkerRequest:
+    """The request as a pool's workers take it: the data folder and the model file relative to
+    the project, found in each worker's checkout, with the model file's digest to check."""
+    config = request.config
+    model = parse_model(config.model)
+    if model.path is not None:
+        config = config.model_copy(update={"model": f"{on_workers(model.path)}:{model.function}"})
+    update = {
+        "data_dir": on_workers(data_dir),
+        "checkpoint_dir": None,
+        "config": config,
+        "model_digest": model.digest(),
+    }
+    return request.model_copy(update=update)
 
 
 def train_on_pool(
@@ -235,9 +252,8 @@ def train_on_pool(
             "tracking URI %s is not a server: only workers on this host can log to it",
             run.tracking.tracking_uri,
         )
-    update = {"data_dir": on_workers(plan.data_dir), "checkpoint_dir": None}
     jobs = [
-        Job(job.index, open_config_run(plan, run, job).model_copy(update=update), job.name)
+        Job(job.index, for_workers(open_config_run(plan, run, job), plan.data_dir), job.name)
         for job in pending
     ]
     summaries: dict[int, ConfigSummary] = {}

@@ -52,6 +52,7 @@ class WorkerRequest(BaseModel):
     run_id: str
     data_version: str
     checkpoint_dir: Path | None = None
+    model_digest: str | None = None  # the sweep's model file: a pool worker refuses another
 
 
 # Set once the request is known: stops this run when the process that reads our events is gone.

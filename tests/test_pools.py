@@ -4,6 +4,7 @@ devices on one work pool; one worker is stopped in the middle of a run."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -31,6 +32,17 @@ from towerbench.tasks.tracking import (
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
+# The sweep trains a network of the test's own, from a file each checkout holds (issue 27).
+USER_MODEL = """
+import keras
+
+def build(input_shape, num_classes):
+    inputs = keras.Input(shape=input_shape)
+    x = keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(inputs)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(x))
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(keras.layers.Dropout(0.2)(x)))
+"""
 POOL = "gpus"
 DEVICES = ("0,1", "2,3")
 PASSWORD = "test-password"
@@ -58,6 +70,8 @@ def test_a_sweep_fans_out_over_two_workers_and_survives_losing_one(tmp_path: Pat
     sweep_host, project = tmp_path / "sweep-host", tmp_path / "worker-host"
     for checkout in (sweep_host, project):
         write_digits(checkout / "data", train=300, test=100)
+        (checkout / "nets").mkdir()
+        (checkout / "nets" / "tiny.py").write_text(USER_MODEL)
     environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
     environment.pop("MLFLOW_TRACKING_URI")
     # Prefect starts while PostgreSQL and MLflow do; the workers once it answers, the sweep once
@@ -83,6 +97,7 @@ def test_a_sweep_fans_out_over_two_workers_and_survives_losing_one(tmp_path: Pat
             command = [str(BIN / "towerbench"), "sweep", "--dataset", "digits", "--towers", "1,2"]
             command += ["--seeds", "0,1", "--epochs", "2", "--per-tower-batch", "32"]
             command += ["--pool", POOL, "--tracking-uri", tracking_uri, "--json"]
+            command += ["--model", "nets/tiny.py:build"]
             with (
                 (tmp_path / "sweep.out").open("w") as out,
                 (tmp_path / "sweep.err").open("w") as err,
@@ -122,6 +137,9 @@ def test_a_sweep_fans_out_over_two_workers_and_survives_losing_one(tmp_path: Pat
     assert {run.info.status for run in children} == {"FINISHED"}
     assert {run.data.tags[DEVICES_TAG] for run in children} == set(DEVICES)
     assert {run.data.tags[HOST_TAG] for run in children} == {socket.gethostname()}
+    digest = hashlib.sha256(USER_MODEL.encode()).hexdigest()
+    assert {run.data.params["model_digest"] for run in children} == {digest}
+    assert {run.data.params["model_function"] for run in children} == {"build"}
     # Each worker trained on its own checkout's data folder.
     sources = {json.loads(run.inputs.dataset_inputs[0].dataset.source)["uri"] for run in children}
     assert sources == {str(project.resolve() / "data" / "tfrecords" / "digits")}, sources

@@ -9,6 +9,7 @@ import pytest
 from scipy import stats
 
 from towerbench.config.sections import TrainConfig
+from towerbench.tasks.report.columns import models
 from towerbench.tasks.report.render import loss_paradox
 from towerbench.tasks.report.statistics import (
     Curve,
@@ -231,3 +232,14 @@ def test_rendered_tables_fit_a_page_and_figures_can_be_embedded() -> None:
     assert len(table_headers) == 4 and all(line.count("|") <= 7 for line in table_headers)
     assert "![accuracy_vs_epoch.png](data:image/png;base64,AA)" in text
     assert "](accuracy_vs_epoch.png)" not in text
+
+
+def test_the_report_names_a_user_model_by_function_and_file_digest() -> None:
+    records = [_record(1, "none", seed, 0.8) for seed in (0, 1)]
+    for record, digest in zip(records, ("a" * 64, "b" * 64), strict=True):
+        record.config = record.config.model_copy(update={"model": "/home/me/nets/tiny.py:build"})
+        record.model_digest = digest  # the file was edited between the two seeds
+    rows, _ = compare(records, [], None)
+    assert models(rows) == "tiny:build (sha256 aaaaaaaaaaaa, bbbbbbbbbbbb)"
+    builtin, _ = compare([_record(1, "none", 0, 0.8)], [], None)
+    assert models(builtin) == "tutorial"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from towerbench.config.model_ref import model_label
 from towerbench.core.markdown import markdown_table
 from towerbench.core.outcome import Status
 from towerbench.tasks.report.statistics import GroupRow
@@ -74,6 +75,19 @@ def _noise_scale(row: GroupRow) -> str:
 
 def _loss(key: str) -> Callable[[GroupRow], str]:
     return lambda row: number(row.losses.get(key), ".3f")
+
+
+def models(rows: list[GroupRow]) -> str:
+    """The networks of a sweep by their labels; a user's file with the start of its sha256 (a
+    file edited between two runs shows both)."""
+    shown: dict[str, set[str]] = {}
+    for row in rows:
+        digests = shown.setdefault(model_label(row.config.model), set())
+        digests.update(run.model_digest[:12] for run in row.runs if run.model_digest)
+    return "; ".join(
+        label + (f" (sha256 {', '.join(sorted(digests))})" if digests else "")
+        for label, digests in shown.items()
+    )
 
 
 SETUP_COLUMNS: list[Column] = [

@@ -78,6 +78,7 @@ def run_record(client: MlflowClient, run: Run) -> RunRecord:
         effective_lr=_float(params.get("effective_lr")),
         noise_scale=metrics.get("noise_scale"),
         device_kind=params.get("device_kind"),
+        model_digest=params.get("model_digest"),
         curve=curve,
         error=tags.get(ERROR_TAG),
         unstable=tags.get(UNSTABLE_TAG),

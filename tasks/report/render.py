@@ -10,6 +10,7 @@ from towerbench.tasks.report.columns import (
     ACCURACY_COLUMNS,
     LOSS_COLUMNS,
     SETUP_COLUMNS,
+    models,
     number,
     pct,
     speed_columns,
@@ -134,13 +135,14 @@ def benchmark_section(
     return "\n".join(lines) + markdown_table(header, cells)
 
 
-def _heading(header: ReportHeader) -> list[str]:
+def _heading(header: ReportHeader, rows: list[GroupRow]) -> list[str]:
     return [
         f"# towerbench sweep report: {header.title}",
         "",
         f"MLflow parent run: [{header.parent_run_id}]({header.run_link}) · data version "
-        f"`{header.data_version}` · devices: {', '.join(header.device_kinds) or 'unknown'} · "
-        f"time-to-accuracy target {pct(header.target)}",
+        f"`{header.data_version}` · model: {models(rows)} · devices: "
+        f"{', '.join(header.device_kinds) or 'unknown'} · time-to-accuracy target "
+        f"{pct(header.target)}",
     ]
 
 
@@ -221,7 +223,7 @@ def render_report(
 ) -> str:
     """The whole report; `figures` maps each figure's name to its link (file or data URI)."""
     sections = [
-        _heading(header),
+        _heading(header, rows),
         ["## Configurations", "", table(SETUP_COLUMNS, rows)],
         ["## Accuracy", "", table(ACCURACY_COLUMNS, rows)],
         _verdicts(rows),

@@ -107,6 +107,7 @@ class RunRecord:
     steps: float | None = None  # optimizer updates made
     losses: dict[str, float] = field(default_factory=dict)  # final losses (see LOSS_METRICS)
     loss_curves: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
+    model_digest: str | None = None  # sha256 of the user's model file the run trained
 
 
 @dataclass
