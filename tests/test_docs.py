@@ -22,6 +22,7 @@ DOCS = (
     "docs/multi-host.md",
     "docs/ui.md",
     "docs/benchmark-history.md",
+    "docs/your-model.md",
 )
 
 
