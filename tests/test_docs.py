@@ -23,6 +23,7 @@ DOCS = (
     "docs/ui.md",
     "docs/benchmark-history.md",
     "docs/your-model.md",
+    "docs/cifar10/README.md",
 )
 
 
