@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "towerbench.cli.commands.data",
     "towerbench.cli.commands.train",
     "towerbench.cli.commands.orchestrate",
+    "towerbench.cli.commands.advise",
     "towerbench.cli.commands.bench",
     "towerbench.cli.commands.team",
 )
