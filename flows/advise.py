@@ -59,9 +59,10 @@ def probe_and_choose(
     lines = [
         f"probe ({result.seconds:.0f} s): BatchNorm {'yes' if result.has_batchnorm else 'no'}; "
         + (
-            f"noise scale {noise.noise_scale:.0f} ({measured.noise_scale_source}; it grows as "
-            "the loss falls, so this early value understates later gains and a recipe from it "
-            "errs towards a smaller LR and more updates)"
+            f"noise scale {noise.noise_scale:.0f} ({measured.noise_scale_source}; along the "
+            f"probe {' -> '.join(f'{value:.0f}' for _, value in noise.along)}: it grows as the "
+            "loss falls, so this early value understates later gains, and a recipe from it errs "
+            "towards a smaller LR and more updates)"
             if noise.noise_scale is not None
             else "no noise scale (a batch of one example)"
         ),

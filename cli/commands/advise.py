@@ -21,6 +21,7 @@ from towerbench.config.load import load
 from towerbench.config.params import ReportConfig, TrackingConfig
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.core.errors import TowerbenchError, describe_validation_error
+from towerbench.model.tfrecords import MANIFEST_NAME, dataset_dir
 
 CHOSEN = frozenset({"model", "dataset"})  # what advise takes from train: on the command line
 
@@ -43,6 +44,13 @@ def run_advise_command(args: argparse.Namespace) -> CommandResult:
     ]
     params = load(args.params, overrides)
     check_verifiable(advice, params)  # before Prefect loads and anything trains
+    folder = dataset_dir(params.data.data_dir, params.train.dataset)
+    if not (folder / MANIFEST_NAME).is_file():
+        raise TowerbenchError(
+            f"--dataset {params.train.dataset}: no preprocessed data in {folder}; run "
+            f"`towerbench preprocess {params.train.dataset} --data-dir {params.data.data_dir}` "
+            "first"
+        )
     _prepare_prefect(params)
     from towerbench.flows.advise import advise
 
