@@ -36,7 +36,7 @@ from towerbench.tasks.advice import (
     start_advice_run,
     write_params_file,
 )
-from towerbench.tasks.advise_probe import ProbeRequest, measurements, probe_task
+from towerbench.tasks.advise_probe import ProbeRequest, measurements, probe_lines, probe_task
 from towerbench.tasks.advise_recipe import Measurements, Recipe, choose_recipe
 from towerbench.tasks.advise_verdict import Verification, verify_outcome
 from towerbench.tasks.fork_server import start_fork_server_for
@@ -55,20 +55,8 @@ def probe_and_choose(
     result = probe_task(request)
     measured = measurements(request, result)
     recipe = choose_recipe(measured)
-    noise = result.noise
     lines = [
-        f"probe ({result.seconds:.0f} s): BatchNorm {'yes' if result.has_batchnorm else 'no'}; "
-        + (
-            f"noise scale {noise.noise_scale:.0f} ({measured.noise_scale_source}; along the "
-            f"probe {' -> '.join(f'{value:.0f}' for _, value in noise.along)}: it grows as the "
-            "loss falls, so this early value understates later gains, and a recipe from it errs "
-            "towards a smaller LR and more updates)"
-            if noise.noise_scale is not None
-            else "no noise scale (a batch of one example)"
-        ),
-        f"largest stable LR at batch {request.global_batch}: "
-        + f"{result.largest_stable_lr:.3g} of {[round(t.learning_rate, 4) for t in result.trials]}"
-        + (f" ({result.instability})" if result.instability else ""),
+        *probe_lines(request, result, measured),
         *recipe.lines(),
     ]
     for line in lines:

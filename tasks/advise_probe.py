@@ -98,18 +98,56 @@ def probe_task(request: ProbeRequest) -> ProbeResult:
     return result
 
 
-def noise_scale_source(result: ProbeResult) -> str:
-    """Which noise-scale value the recipe uses, in a few words."""
+# The noise scale is used once its last two values along the probe agree within this factor.
+SETTLED_RATIO = 2.0
+
+
+def settled_noise_scale(result: ProbeResult) -> tuple[float | None, str]:
+    """The noise scale the recipe uses, and which value it is and why; None when the probe's
+    estimate had not settled (its last two values along the probe not both positive and within
+    a factor SETTLED_RATIO): too short a probe, or a loss that barely moved."""
     noise = result.noise
-    return (
-        f"1 tower at batch {noise.batch}, average of about the last 100 of {noise.steps} probe "
-        f"steps, loss {noise.first_loss:.2f} -> {noise.last_loss:.2f}"
+    along = " -> ".join(f"{value:.0f}" for _, value in noise.along)
+    last = [value for _, value in noise.along[-2:]]
+    settled = (
+        noise.noise_scale is not None
+        and len(last) == 2
+        and min(last) > 0
+        and max(last) <= SETTLED_RATIO * min(last)
     )
+    if not settled:
+        return None, (
+            f"not settled after {noise.steps} steps at batch {noise.batch} (along the probe: "
+            f"{along or 'none'}; loss {noise.first_loss:.2f} -> {noise.last_loss:.2f}): not used"
+        )
+    return noise.noise_scale, (
+        f"1 tower at batch {noise.batch}, average of about the last 100 of {noise.steps} probe "
+        f"steps, loss {noise.first_loss:.2f} -> {noise.last_loss:.2f}; along the probe {along}"
+    )
+
+
+def probe_lines(request: ProbeRequest, result: ProbeResult, measured: Measurements) -> list[str]:
+    """What the probe measured, and which noise-scale value the recipe uses and why."""
+    noise = (
+        f"noise scale {measured.noise_scale:.0f} ({measured.noise_scale_source}): it grows as "
+        "the loss falls, so this early value understates later gains, and a recipe from it errs "
+        "towards a smaller LR and more updates"
+        if measured.noise_scale is not None
+        else f"noise scale {measured.noise_scale_source}"
+    )
+    tried = ", ".join(f"{trial.learning_rate:.3g}" for trial in result.trials)
+    stable = (
+        f"largest stable LR at batch {request.global_batch}: {result.largest_stable_lr:.3g} "
+        f"(tried {tried}" + (f"; {result.instability})" if result.instability else ")")
+    )
+    batchnorm = "BatchNorm" if result.has_batchnorm else "no BatchNorm"
+    return [f"probe ({result.seconds:.0f} s): {batchnorm}; {noise}", stable]
 
 
 def measurements(request: ProbeRequest, result: ProbeResult) -> Measurements:
     """What choose_recipe reads: the probe's numbers and the reference run to scale."""
     reference = request.reference
+    noise_scale, source = settled_noise_scale(result)
     return Measurements(
         towers=request.replicas,
         per_tower_batch=reference.global_batch,
@@ -117,8 +155,8 @@ def measurements(request: ProbeRequest, result: ProbeResult) -> Measurements:
         base_lr=reference.base_lr,
         epochs=reference.epochs,
         has_batchnorm=result.has_batchnorm,
-        noise_scale=result.noise.noise_scale,
-        noise_scale_source=noise_scale_source(result),
+        noise_scale=noise_scale,
+        noise_scale_source=source,
         largest_stable_lr=result.largest_stable_lr,
         instability=result.instability,
         decay=reference.decay,

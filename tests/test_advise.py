@@ -20,7 +20,8 @@ from towerbench.config.grid import expand
 from towerbench.config.load import load
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import ConfigSummary, Status, SweepResult
-from towerbench.model.probe import WINDOW, divergence, probe
+from towerbench.model.probe import WINDOW, NoiseProbe, ProbeResult, divergence, probe
+from towerbench.tasks.advise_probe import settled_noise_scale
 from towerbench.tasks.advise_recipe import Measurements, choose_recipe
 from towerbench.tasks.advise_verdict import verify_outcome
 
@@ -52,6 +53,21 @@ def test_the_probe_stops_a_diverging_lr_and_tries_no_larger_one(digits_dir: Path
     assert (noise.steps, noise.batch, noise.micro_batch) == (60, 32, 8)
     assert noise.noise_scale is not None and noise.noise_scale > 0
     assert result.has_batchnorm is False
+
+
+def _noise(along: list[float]) -> ProbeResult:
+    samples = [(10 * (index + 1), value) for index, value in enumerate(along)]
+    noise = NoiseProbe(along[-1], 32, 8, 50, 0.02, 2.3, 1.2, samples)
+    return ProbeResult(False, 10, noise, [], 1.0)
+
+
+def test_the_recipe_uses_the_noise_scale_only_once_it_has_settled() -> None:
+    value, source = settled_noise_scale(_noise([40.0, 90.0, 120.0]))
+    assert value == 120.0 and source.startswith("1 tower at batch 32, average of about the last")
+    assert "along the probe 40 -> 90 -> 120" in source
+    for unsettled in ([-142.0, 721.0, 239.0], [50.0, 30.0, 200.0], [80.0]):
+        value, source = settled_noise_scale(_noise(unsettled))
+        assert value is None and source.startswith("not settled after 50 steps"), unsettled
 
 
 def _summary(towers: int, seed: int, accuracy: float, wall_time: float) -> ConfigSummary:
@@ -166,7 +182,7 @@ def test_advise_without_verification_probes_chooses_and_keeps_the_recipe(
     document, stderr, seconds = _advise(project, tmp_path, "--no-verify")
     print(f"advise --no-verify --json: {seconds:.1f} s")  # the README quotes this
     probe_result = document["probe"]
-    assert probe_result["noise"]["steps"] == 200 and probe_result["noise"]["noise_scale"] > 0
+    assert probe_result["noise"]["steps"] == 200 and len(probe_result["noise"]["along"]) == 5
     assert [trial["learning_rate"] for trial in probe_result["trials"]][0] == 0.02
     assert document["verification"] is None
     lines = document["lines"]
@@ -182,7 +198,7 @@ def test_advise_without_verification_probes_chooses_and_keeps_the_recipe(
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     run = client.get_run(document["advise_run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["towerbench.kind"] == "advise"
-    assert "noise_scale" in run.data.metrics
+    assert "largest_stable_lr" in run.data.metrics
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
     assert artifacts == {"recipe.txt", Path(document["params_file"]).name}
 
