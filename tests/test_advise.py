@@ -134,12 +134,19 @@ report: {report_dir: reports}
 """
 
 
+# `towerbench` (cli.main.run) saying, as it exits, whether its own process imported TensorFlow.
+COMMAND_SAYING_ITS_IMPORTS = (
+    "import atexit, sys; from towerbench.cli import main as cli; atexit.register(lambda: print("
+    "'tensorflow imported:', 'tensorflow' in sys.modules, file=sys.stderr)); cli.run()"
+)
+
+
 def _advise(project: Path, elsewhere: Path, *options: str, env: dict | None = None):
     """`towerbench advise --params project/params.yaml OPTIONS --json` in its own process;
     its document, stderr and wall-clock seconds."""
     started = time.perf_counter()
     completed = subprocess.run(
-        [sys.executable, "-m", "towerbench.cli.main", "advise"]
+        [sys.executable, "-c", COMMAND_SAYING_ITS_IMPORTS, "advise"]
         + ["--params", str(project / "params.yaml"), "--towers", "2", *options, "--json"],
         cwd=elsewhere,
         env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
@@ -181,6 +188,7 @@ def test_advise_without_verification_probes_chooses_and_keeps_the_recipe(
 
     document, stderr, seconds = _advise(project, tmp_path, "--no-verify")
     print(f"advise --no-verify --json: {seconds:.1f} s")  # the README quotes this
+    assert "tensorflow imported: False" in stderr  # the probe trains in a process of its own
     probe_result = document["probe"]
     assert probe_result["noise"]["steps"] == 200 and len(probe_result["noise"]["along"]) == 5
     assert [trial["learning_rate"] for trial in probe_result["trials"]][0] == 0.02
