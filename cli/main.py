@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "towerbench.cli.commands.data",
     "towerbench.cli.commands.train",
     "towerbench.cli.commands.orchestrate",
+    "towerbench.cli.commands.advise",
     "towerbench.cli.commands.bench",
     "towerbench.cli.commands.team",
 )
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-RESUMABLE_COMMANDS = ("sweep", "pipeline")
+RESUMABLE_COMMANDS = ("sweep", "pipeline", "advise")  # advise resumes its verification
 _FINAL_LINES: list[str] = []
 _command_status: int | None = None  # set by `run`, in the command's own process
 

@@ -56,7 +56,7 @@ from towerbench.tasks.tracking import (
 from towerbench.tasks.train import checkpoint_dir, train_configuration
 from towerbench.tasks.train_worker import WorkerRequest
 
-FlowKind = Literal["sweep", "pipeline", "benchmark"]
+FlowKind = Literal["sweep", "pipeline", "benchmark", "advise"]
 
 
 @dataclass(frozen=True)

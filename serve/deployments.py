@@ -24,6 +24,7 @@ from towerbench.serve.telemetry import telemetry_off_unless_opted_in
 # Named for what they do: the Prefect UI lists deployments by name, the flow only in grey.
 PIPELINE_DEPLOYMENT = "towerbench-pipeline"
 BENCHMARK_DEPLOYMENT = "towerbench-nightly-benchmark"
+ADVISE_DEPLOYMENT = "towerbench-advise"
 HOST = "127.0.0.1"
 PREFECT_PORT = 4200
 MLFLOW_PORT = 5000
@@ -38,7 +39,8 @@ def prefect_api_url() -> str | None:
 
 
 def serve(params: Params, params_path: Path) -> None:
-    """Register and serve `pipeline` (run on demand) and `benchmark` (on its cron) until stopped.
+    """Register and serve `pipeline` and `advise` (run on demand) and `benchmark` (on its cron)
+    until stopped.
 
     Needs a Prefect server: in Prefect's ephemeral mode nobody could trigger a run and the
     schedule would never fire.
@@ -54,6 +56,7 @@ def serve(params: Params, params_path: Path) -> None:
     from prefect.schedules import Cron
 
     from towerbench.config.run_form import form_parameters
+    from towerbench.flows.advise import advise
     from towerbench.flows.benchmark import benchmark
     from towerbench.flows.pipeline import pipeline
 
@@ -74,8 +77,15 @@ def serve(params: Params, params_path: Path) -> None:
         f"({params.benchmark.timezone}), compared with its previous run.",
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
+    advisor = advise.to_deployment(
+        name=ADVISE_DEPLOYMENT,
+        parameters={"advice": {"towers": 4}, "params_file": str(params_path.resolve())},
+        description="The LR recipe for K towers from a short probe, checked by a sweep of 1 "
+        f"tower against K. Settings the form does not show come from `{params_path.resolve()}`.",
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )
     # Polling every 2 s (Prefect's default: 10) starts a run soon after the Run button.
-    prefect_serve(on_demand, scheduled, pause_on_shutdown=False, query_seconds=2)
+    prefect_serve(on_demand, scheduled, advisor, pause_on_shutdown=False, query_seconds=2)
 
 
 def _port_free(port: int) -> bool:

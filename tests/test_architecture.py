@@ -185,6 +185,7 @@ def test_orchestrating_processes_import_neither_tensorflow_nor_scikit_learn() ->
         "towerbench.serve.temporary_server",
         "towerbench.flows.sweep",
         "towerbench.flows.pipeline",
+        "towerbench.flows.advise",
     ]
     modules += ["towerbench.flows.fan_out", "towerbench.flows.config_run"]
     assert loaded_alongside(modules, {"sklearn", "tensorflow"}) == []

@@ -61,6 +61,10 @@ def test_help_imports_none_of_the_heavy_packages(tmp_path: Path, argv: list[str]
         (["gradcheck", "--model", "vgg"], "towerbench gradcheck: error: --model: "),
         (["sweep", "--towers", "1,x", "--json"], "towerbench sweep: error: --towers[1]: "),
         (["train", "--params", "absent.yaml"], "towerbench train: error: absent.yaml: no such"),
+        (["advise", "--towers", "1"], "towerbench advise: error: --towers: "),
+        (["advise", "--towers", "4", "--seeds", "0"], "towerbench advise: error: --seeds: "),
+        (["advise", "--towers", "3", "--params", "bad.yaml"], "towerbench advise: error: bad.yaml"),
+        (["advise", "--towers", "2", "--dataset", "absent"], "towerbench advise: error: --dataset"),
         (["pipeline", "--params", "bad.yaml"], "towerbench pipeline: error: bad.yaml: train.epo"),
         (
             ["report", "--sweep", "x", "--params", "bad.yaml"],

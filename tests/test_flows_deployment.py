@@ -52,6 +52,7 @@ def write_project(folder: Path) -> dict:
 
 PIPELINE = "pipeline/towerbench-pipeline"
 BENCHMARK = "benchmark/towerbench-nightly-benchmark"
+ADVISE = "advise/towerbench-advise"
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +141,32 @@ def test_the_run_form_asks_each_setting_once(served_project) -> None:
     assert all("<" not in str(group) for group in schema["definitions"].values())
     assert deployment.parameters["params_file"] == str(project / "params.yaml")
     assert deployment.parameters["sweep"]["towers"] == [2]  # params.yaml's values
+
+
+def test_the_advise_form_is_short_and_bounded(served_project) -> None:
+    """The advise deployment asks for the towers and little else; its bounds are the CLI's."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    project, api, processes, logs = served_project
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name(ADVISE)
+    schema = deployment.parameter_openapi_schema
+    assert list(schema["properties"]) == [
+        "advice",
+        "model",
+        "dataset",
+        "params_file",
+        "advanced",
+        "fresh",
+    ]
+    advice = schema["definitions"]["AdviseConfig"]["properties"]
+    assert list(advice) == ["towers", "workers", "seeds", "verify", "probe_steps"]
+    assert (advice["towers"]["minimum"], advice["seeds"]["default"]) == (2, 3)
+    assert deployment.parameters == {
+        "advice": {"towers": 4},
+        "params_file": str(project / "params.yaml"),
+    }
 
 
 def test_a_dataset_other_than_params_yaml_is_built_by_dvc_and_trained(served_project) -> None:

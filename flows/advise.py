@@ -1,0 +1,150 @@
+"""The `advise` flow: probe the 1-tower run, choose the K-tower recipe, keep it, check it.
+
+Read top to bottom: `probe_and_choose` (the probe in a process of its own, then
+tasks/advise_recipe.py's rules on what it measured), `keep_recipe` (advise-<id>.yaml and the
+advise run in MLflow) and `verify_recipe` (the sweep's own steps on 1 tower and the recipe's K
+towers for S seeds: MLflow, resume, pools, the report; then one verdict).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+from mlflow.entities import RunStatus
+from prefect import flow, get_run_logger
+
+from towerbench.config.advise import (
+    AdviseConfig,
+    check_verifiable,
+    reference_config,
+    verification_configs,
+    verification_grid,
+)
+from towerbench.config.load import Override, load, override_at
+from towerbench.config.params import Params
+from towerbench.config.sections import TrainConfig
+from towerbench.flows.sweep import plan_sweep, run_sweep
+from towerbench.tasks.advice import (
+    Advice,
+    finish_advice_run,
+    log_advice,
+    probe_document,
+    recipe_document,
+    recipe_params,
+    start_advice_run,
+    write_params_file,
+)
+from towerbench.tasks.advise_probe import ProbeRequest, measurements, probe_lines, probe_task
+from towerbench.tasks.advise_recipe import Measurements, Recipe, choose_recipe
+from towerbench.tasks.advise_verdict import Verification, verify_outcome
+from towerbench.tasks.fork_server import start_fork_server_for
+from towerbench.tasks.sweep_lock import only_live_sweep
+
+ModelName = Literal["tutorial", "tutorial_bn", "resnet20"]
+
+
+def probe_and_choose(
+    params: Params, advice: AdviseConfig
+) -> tuple[ProbeRequest, Any, Measurements, Recipe, list[str]]:
+    """The probe's measurements, the recipe chosen from them, and the lines that say both."""
+    request = ProbeRequest(
+        reference_config(params), params.data.data_dir, advice.replicas, advice.probe_steps
+    )
+    result = probe_task(request)
+    measured = measurements(request, result)
+    recipe = choose_recipe(measured)
+    lines = [
+        *probe_lines(request, result, measured),
+        *recipe.lines(),
+    ]
+    for line in lines:
+        get_run_logger().info(line)
+    return request, result, measured, recipe, lines
+
+
+def recipe_runs(params: Params, advice: AdviseConfig, recipe: Recipe) -> tuple[TrainConfig, Any]:
+    """The 1-tower run with the recipe's LR policy, and the sweep that verifies it."""
+    rule, warmup = str(recipe.lr_scaling.value), float(recipe.warmup_epochs.value)
+    values = reference_config(params).model_dump(exclude_unset=True)
+    values.update(lr_scaling=rule, warmup_epochs=warmup, decay=recipe.decay.value)
+    budget = "updates" if recipe.budget.value == "updates" else "epochs"
+    return TrainConfig.model_validate(values), verification_grid(
+        advice, params, rule, warmup, budget
+    )
+
+
+def verify_recipe(
+    params: Params, train: TrainConfig, grid: Any, recipe: Recipe, fresh: bool
+) -> Verification:
+    """1 tower against the recipe's towers through the sweep's steps, then the verdict."""
+    configs = verification_configs(train, grid)
+    start_fork_server_for(configs, grid.pool)
+    data_dir = Path(params.data.data_dir).resolve()
+    plan = plan_sweep(configs, train, grid, data_dir, None, "advise")
+    with only_live_sweep(plan.data_dir, plan.key):
+        result = run_sweep(plan, params.tracking, train, grid, params.report, "advise", fresh)
+    verification = verify_outcome(result, recipe)
+    get_run_logger().info(verification.verdict)
+    return verification
+
+
+def advise_params(params: Params, advice: AdviseConfig, fresh: bool = False) -> Advice:
+    """Probe, choose, keep and (when `advice.verify`) verify the recipe for `params`."""
+    check_verifiable(advice, params)
+    run_id = start_advice_run(params, advice.replicas)
+    status, verification = RunStatus.FAILED, None
+    try:
+        _, result, measured, recipe, lines = probe_and_choose(params, advice)
+        train, grid = recipe_runs(params, advice, recipe)
+        sections = recipe_params(params, train, grid)
+        path = write_params_file(params.report.report_dir, run_id, sections, lines)
+        log_advice(params, run_id, measured, recipe, path, lines)
+        if advice.verify:
+            verification = verify_recipe(params, train, grid, recipe, fresh)
+        status = RunStatus.FINISHED
+    except (KeyboardInterrupt, SystemExit):
+        status = RunStatus.KILLED
+        raise
+    finally:
+        finish_advice_run(params, run_id, verification, RunStatus.to_string(status))
+    return Advice(
+        advise_run_id=run_id,
+        params_file=str(path),
+        probe=probe_document(result),
+        measurements=dataclasses.asdict(measured),
+        recipe=recipe_document(recipe),
+        lines=lines,
+        verification=verification,
+    )
+
+
+@flow(name="advise")
+def advise(
+    advice: AdviseConfig,
+    model: ModelName | None = None,
+    dataset: str | None = None,
+    params_file: str | None = "params.yaml",
+    advanced: dict[str, Any] | None = None,
+    fresh: bool = False,
+) -> Advice:
+    """Find the learning-rate recipe for K towers from a short 1-tower probe, and check it.
+
+    Args:
+        advice: The towers (per worker) and workers to advise for, the verification's seeds,
+            whether to verify, and the probe's length.
+        model: The network; default: the params file's.
+        dataset: The preprocessed dataset; default: the params file's.
+        params_file: The params.yaml every other setting comes from (none: the defaults).
+        advanced: Any other setting, keyed as in params.yaml, e.g. {"train.base_lr": 0.05}.
+        fresh: Verify anew even if an identical verification was interrupted (default: resume).
+    """
+    overrides: list[Override] = [
+        override_at(f"train.{name}", value, name)
+        for name, value in (("model", model), ("dataset", dataset))
+        if value is not None
+    ]
+    overrides += [override_at(key, value, key) for key, value in (advanced or {}).items()]
+    path = Path(params_file) if params_file else None
+    return advise_params(load(path, overrides), advice, fresh)

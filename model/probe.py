@@ -1,0 +1,266 @@
+"""A short probe of a network on its data before it is scaled to k towers (`towerbench advise`).
+
+On one device it measures three things:
+
+- **The gradient noise scale** B_simple (McCandlish et al. 2018) along the 1-tower run's own
+  start: a few hundred steps of the reference configuration, each batch's gradient computed as
+  the mean of `MICRO_BATCHES` micro-batch gradients (towers on the same device), which gives the
+  per-step estimates of model.noise_scale. The value reported is its moving average at the end
+  of the probe (decay 0.99: about the last 100 steps). The noise scale grows as the loss falls,
+  so this early value understates the gain a larger batch has later in training.
+- **The largest stable learning rate at the k-tower batch**: a short run at each candidate LR,
+  in increasing order, each with k towers on the one device (the k-tower step exactly, BatchNorm
+  statistics per tower included). Each warms up linearly from the base LR over its first
+  quarter, as a scaled-up recipe would, then holds. A run stops as soon as its training
+  cross-entropy, averaged over the last `WINDOW` steps, rises above chance level ln C (or a step
+  is not finite); the larger candidates are then not tried. "Above" allows the 5% that
+  model.stability allows a finished run: a network starts at about ln C and may stay on that
+  plateau for a few dozen steps before it learns.
+- **Whether the network has BatchNorm** (linear scaling suits BatchNorm networks better).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from towerbench.config.sections import TrainConfig
+from towerbench.model.stability import UNSTABLE_LOSS_FACTOR
+from towerbench.model.training_data import load_training_data
+
+MICRO_BATCHES = 4  # gradients per step of the noise probe: the most of 4, 2 that divide its batch
+WINDOW = 10  # steps the divergence check averages the training cross-entropy over
+WARMUP_FRACTION = 0.25  # of each LR trial's steps
+NOISE_SAMPLES = 5  # noise-scale values kept along the noise probe (to show it growing)
+
+
+@dataclass(frozen=True)
+class NoiseProbe:
+    """The noise scale at the end of the noise probe, and along it."""
+
+    noise_scale: float | None  # None: nothing to estimate (a batch of 1)
+    batch: int
+    micro_batch: int
+    steps: int
+    learning_rate: float
+    first_loss: float  # training cross-entropy, averaged over the first WINDOW steps
+    last_loss: float  # ... over the last WINDOW steps
+    along: list[tuple[int, float]] = field(default_factory=list)  # (step, noise scale)
+
+
+@dataclass(frozen=True)
+class LearningRateTrial:
+    """One short run at `learning_rate` on the k-tower batch."""
+
+    learning_rate: float
+    steps: int  # made (fewer than asked when it diverged)
+    last_loss: float
+    diverged: str | None = None  # why it stopped early
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    has_batchnorm: bool
+    classes: int
+    noise: NoiseProbe
+    trials: list[LearningRateTrial]
+    seconds: float
+
+    @property
+    def largest_stable_lr(self) -> float | None:
+        """The largest candidate LR that stayed stable; 0.0 when none did."""
+        stable = [trial.learning_rate for trial in self.trials if trial.diverged is None]
+        return max(stable, default=0.0) if self.trials else None
+
+    @property
+    def instability(self) -> str | None:
+        """What happened at the first LR that diverged."""
+        failed = [trial for trial in self.trials if trial.diverged is not None]
+        if not failed:
+            return None
+        return f"at LR {failed[0].learning_rate:.3g}: {failed[0].diverged}"
+
+
+def divergence(losses: list[float], classes: int) -> str | None:
+    """Why a probe must stop after these per-step training cross-entropies, or None: the last is
+    not finite, or the mean of the last WINDOW rises above chance level ln C (by more than the
+    start's plateau: UNSTABLE_LOSS_FACTOR)."""
+    if not losses:
+        return None
+    step = len(losses)
+    if not math.isfinite(losses[-1]):
+        return f"the training loss was not a number at step {step}"
+    if step < WINDOW:
+        return None
+    mean = sum(losses[-WINDOW:]) / WINDOW
+    chance = math.log(classes)
+    if mean > UNSTABLE_LOSS_FACTOR * chance:
+        return (
+            f"training cross-entropy {mean:.2f} (mean of steps {step - WINDOW + 1}-{step}) rose "
+            f"above chance level ln {classes} = {chance:.2f} (by more than the start's plateau)"
+        )
+    return None
+
+
+def probe(
+    config: TrainConfig,
+    data_dir: Path,
+    towers: int,
+    learning_rates: list[float],
+    steps: int,
+) -> ProbeResult:
+    """Probe `config` (the 1-tower reference run) on DATA_DIR/tfrecords/<dataset>: its noise
+    scale, then each of `learning_rates` (increasing) at `towers` x its batch, `steps` steps
+    each."""
+    started = time.perf_counter()
+    large = config.model_copy(update={"global_batch": config.global_batch * towers})
+    manifest, train_files, _ = load_training_data(large, Path(data_dir))
+    from towerbench.model.devices import configure_tower_devices
+
+    device = configure_tower_devices(1, config.device_type, config.parameter_device)
+    session = _Session(config, manifest, train_files, device)
+    noise = session.noise_probe(steps)
+    trials: list[LearningRateTrial] = []
+    for learning_rate in learning_rates:
+        trials.append(session.trial(learning_rate, towers, steps))
+        if trials[-1].diverged is not None:
+            break  # the larger candidates would not do better
+    return ProbeResult(
+        has_batchnorm=session.has_batchnorm,
+        classes=len(manifest.classes),
+        noise=noise,
+        trials=trials,
+        seconds=time.perf_counter() - started,
+    )
+
+
+class _Session:
+    """What every probe run shares: the data, the device, the network's builder."""
+
+    def __init__(self, config: TrainConfig, manifest, train_files: list[str], device) -> None:
+        self.config = config
+        self.manifest = manifest
+        self.train_files = train_files
+        self.device = device
+        self.has_batchnorm = False
+
+    def _trainer(self, towers: int, learning_rate):
+        """A fresh network (the run's seed) and its tower step: `towers` towers on the device."""
+        import keras
+        import tensorflow as tf
+
+        from towerbench.model.devices import TowerDevices
+        from towerbench.model.input_pipeline import network_input_shape
+        from towerbench.model.networks import build_network
+        from towerbench.model.towers import TowerTrainer
+
+        config = self.config
+        keras.utils.set_random_seed(config.seed)
+        shape = network_input_shape(self.manifest.image_shape, config.crop_size)
+        with tf.device(self.device.parameter_device):
+            network = build_network(
+                config.model, shape, len(self.manifest.classes), config.seed, config.precision
+            )
+        self.has_batchnorm = any(
+            isinstance(layer, keras.layers.BatchNormalization)
+            for layer in network.model._flatten_layers()
+        )
+        optimizer = keras.optimizers.SGD(
+            learning_rate=learning_rate,
+            momentum=config.momentum if config.optimizer in ("momentum", "nesterov") else 0.0,
+            nesterov=config.optimizer == "nesterov",
+        )
+        devices = TowerDevices(
+            devices=self.device.devices[:1] * towers,
+            parameter_device=self.device.parameter_device,
+            kind=self.device.kind,
+            replicas=towers,
+        )
+        return TowerTrainer(
+            network,
+            optimizer,
+            devices,
+            weight_decay=config.weight_decay,
+            jit_compile=config.xla,
+            precision=config.precision,
+        )
+
+    def _batches(self, batch: int, towers: int) -> Iterator[tuple]:
+        """The run's training batches of `batch` examples, epoch after epoch."""
+        from towerbench.model.input_pipeline import Distortions, EpochPlan, train_dataset
+
+        plan = EpochPlan(self.manifest.splits["train"].examples, batch, towers)
+        distortions = Distortions.from_config(self.config)
+        epoch = 0
+        while True:
+            yield from train_dataset(
+                self.train_files,
+                self.manifest.image_shape,
+                plan,
+                distortions,
+                self.config.seed,
+                epoch,
+            )
+            epoch += 1
+
+    def _run(self, trainer, batch: int, towers: int, steps: int, on_step=None):
+        """Up to `steps` steps; the per-step cross-entropies and why it stopped early."""
+        losses: list[float] = []
+        classes = len(self.manifest.classes)
+        for images, labels in self._batches(batch, towers):
+            if int(images.shape[0]) != batch:
+                continue  # an epoch's short last batch: keep every step at one batch size
+            trainer.step(images, labels)
+            losses.append(float(trainer.last_cross_entropy.numpy()))
+            if on_step is not None:
+                on_step(len(losses))
+            reason = divergence(losses, classes)
+            if reason is not None or len(losses) >= steps:
+                return losses, reason
+        raise AssertionError("unreachable: the batches never end")
+
+    def noise_probe(self, steps: int) -> NoiseProbe:
+        """The reference run's start, its batch split into micro-batches on the one device."""
+        batch, config = self.config.global_batch, self.config
+        micro = next((m for m in (MICRO_BATCHES, 2) if batch % m == 0 and batch >= m), 1)
+        trainer = self._trainer(micro, config.base_lr)
+        along: list[tuple[int, float]] = []
+        every = max(steps // NOISE_SAMPLES, 1)
+
+        def sample(step: int) -> None:
+            if micro > 1 and step % every == 0:
+                along.append((step, trainer.noise.value()))
+
+        losses, _ = self._run(trainer, batch, micro, steps, sample)
+        value = trainer.noise.value() if micro > 1 else math.nan
+        return NoiseProbe(
+            noise_scale=value if math.isfinite(value) else None,
+            batch=batch,
+            micro_batch=batch // micro,
+            steps=len(losses),
+            learning_rate=config.base_lr,
+            first_loss=_mean(losses[:WINDOW]),
+            last_loss=_mean(losses[-WINDOW:]),
+            along=along,
+        )
+
+    def trial(self, learning_rate: float, towers: int, steps: int) -> LearningRateTrial:
+        """`steps` steps at `towers` towers' batch, warming up to `learning_rate`."""
+        import keras
+
+        base = min(self.config.base_lr, learning_rate)
+        warmup = max(round(WARMUP_FRACTION * steps), 1)
+        schedule = keras.optimizers.schedules.PolynomialDecay(
+            base, warmup, learning_rate, power=1.0
+        )  # from `base` up to `learning_rate` over `warmup` steps, then held there
+        trainer = self._trainer(towers, schedule)
+        batch = self.config.global_batch * towers
+        losses, reason = self._run(trainer, batch, towers, steps)
+        return LearningRateTrial(learning_rate, len(losses), _mean(losses[-WINDOW:]), reason)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan

@@ -1,0 +1,166 @@
+"""The probe of `towerbench advise` in a process of its own, and what the recipe reads from it.
+
+The probe (model/probe.py) trains, so it runs in a process forked from the training processes'
+fork server (tasks/fork_server.py: TensorFlow already imported), never in the flow's process:
+TensorFlow fixes its devices once per process, and the sweep that may follow trains elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from towerbench.config.sections import TrainConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.model.probe import ProbeResult
+from towerbench.tasks.advise_recipe import Measurements
+from towerbench.tasks.fork_server import _main_module_hidden, start_fork_server
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """Probe `reference` (1 tower, batch P) and the LRs of `replicas` x P."""
+
+    reference: TrainConfig
+    data_dir: Path
+    replicas: int
+    steps: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.reference.global_batch * self.replicas
+
+    def learning_rates(self) -> list[float]:
+        """The LRs a recipe can ask for at the K-tower batch, increasing: the base LR, sqrt's
+        and linear's (AdaScale's gain lies between 1 and linear's)."""
+        scale = self.global_batch / self.reference.reference_batch
+        base = self.reference.base_lr
+        return sorted({base, base * math.sqrt(scale), base * scale})
+
+
+def _probe_here(request: ProbeRequest) -> ProbeResult:
+    from towerbench.model.probe import probe
+
+    return probe(
+        request.reference,
+        request.data_dir,
+        request.replicas,
+        request.learning_rates(),
+        request.steps,
+    )
+
+
+def run_probe(request: ProbeRequest) -> ProbeResult:
+    """The probe, in a process forked from the fork server; its TowerbenchError is raised here."""
+    start_fork_server()
+    context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(1, mp_context=context) as pool:
+        with _main_module_hidden():
+            future = pool.submit(_probe_here, request)  # starts the process
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            raise TowerbenchError(
+                "the probe's process died (killed, or out of memory: the probe puts the "
+                f"global batch of {request.global_batch} on one device)"
+            ) from None
+
+
+@task(name="probe", cache_policy=NO_CACHE)
+def probe_task(request: ProbeRequest) -> ProbeResult:
+    """The probe, each measurement logged."""
+    logger = get_run_logger()
+    result = run_probe(request)
+    noise = result.noise
+    logger.info(
+        "noise scale %s after %d steps at batch %d (loss %.2f -> %.2f)",
+        f"{noise.noise_scale:.0f}" if noise.noise_scale is not None else "-",
+        noise.steps,
+        noise.batch,
+        noise.first_loss,
+        noise.last_loss,
+    )
+    for trial in result.trials:
+        logger.info(
+            "LR %.3g at batch %d: %s after %d steps",
+            trial.learning_rate,
+            request.global_batch,
+            trial.diverged or f"stable, loss {trial.last_loss:.2f}",
+            trial.steps,
+        )
+    return result
+
+
+# The noise scale is used once its last two values along the probe agree within this factor.
+SETTLED_RATIO = 2.0
+
+
+def settled_noise_scale(result: ProbeResult) -> tuple[float | None, str]:
+    """The noise scale the recipe uses, and which value it is and why; None when the probe's
+    estimate had not settled (its last two values along the probe not both positive and within
+    a factor SETTLED_RATIO): too short a probe, or a loss that barely moved."""
+    noise = result.noise
+    along = " -> ".join(f"{value:.0f}" for _, value in noise.along)
+    last = [value for _, value in noise.along[-2:]]
+    settled = (
+        noise.noise_scale is not None
+        and len(last) == 2
+        and min(last) > 0
+        and max(last) <= SETTLED_RATIO * min(last)
+    )
+    if not settled:
+        return None, (
+            f"not settled after {noise.steps} steps at batch {noise.batch} (along the probe: "
+            f"{along or 'none'}; loss {noise.first_loss:.2f} -> {noise.last_loss:.2f}): not used"
+        )
+    return noise.noise_scale, (
+        f"1 tower at batch {noise.batch}, average of about the last 100 of {noise.steps} probe "
+        f"steps, loss {noise.first_loss:.2f} -> {noise.last_loss:.2f}; along the probe {along}"
+    )
+
+
+def probe_lines(request: ProbeRequest, result: ProbeResult, measured: Measurements) -> list[str]:
+    """What the probe measured, and which noise-scale value the recipe uses and why."""
+    noise = (
+        f"noise scale {measured.noise_scale:.0f} ({measured.noise_scale_source}): it grows as "
+        "the loss falls, so this early value understates later gains, and a recipe from it errs "
+        "towards a smaller LR and more updates"
+        if measured.noise_scale is not None
+        else f"noise scale {measured.noise_scale_source}"
+    )
+    tried = ", ".join(f"{trial.learning_rate:.3g}" for trial in result.trials)
+    stable = (
+        f"largest stable LR at batch {request.global_batch}: {result.largest_stable_lr:.3g} "
+        f"(tried {tried}" + (f"; {result.instability})" if result.instability else ")")
+    )
+    batchnorm = "BatchNorm" if result.has_batchnorm else "no BatchNorm"
+    return [f"probe ({result.seconds:.0f} s): {batchnorm}; {noise}", stable]
+
+
+def measurements(request: ProbeRequest, result: ProbeResult) -> Measurements:
+    """What choose_recipe reads: the probe's numbers and the reference run to scale."""
+    reference = request.reference
+    noise_scale, source = settled_noise_scale(result)
+    return Measurements(
+        towers=request.replicas,
+        per_tower_batch=reference.global_batch,
+        reference_batch=reference.reference_batch,
+        base_lr=reference.base_lr,
+        epochs=reference.epochs,
+        has_batchnorm=result.has_batchnorm,
+        noise_scale=noise_scale,
+        noise_scale_source=source,
+        largest_stable_lr=result.largest_stable_lr,
+        instability=result.instability,
+        decay=reference.decay,
+        decay_epochs=reference.decay_epochs,
+        decay_factor=reference.decay_factor,
+        decay_boundaries=tuple(reference.decay_boundaries),
+    )
