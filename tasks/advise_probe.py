@@ -21,7 +21,7 @@ from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.model.probe import ProbeResult
 from towerbench.tasks.advise_recipe import Measurements
-from towerbench.tasks.fork_server import _main_module_hidden, start_fork_server
+from towerbench.tasks.fork_server import main_module_hidden, start_fork_server
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def run_probe(request: ProbeRequest) -> ProbeResult:
     start_fork_server()
     context = multiprocessing.get_context("forkserver")
     with ProcessPoolExecutor(1, mp_context=context) as pool:
-        with _main_module_hidden():
+        with main_module_hidden():
             future = pool.submit(_probe_here, request)  # starts the process
         try:
             return future.result()

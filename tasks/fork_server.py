@@ -47,7 +47,7 @@ def start_fork_server_for(configs: list[TrainConfig], pool: str | None) -> None:
 
 
 @contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
+def main_module_hidden() -> Iterator[None]:
     """multiprocessing runs this process's main module again in the forked process (as
     `__mp_main__`) unless it has neither a module name nor a file. The training process needs
     nothing from it, and a script that calls the sweep without an `if __name__ == "__main__"`
@@ -91,7 +91,7 @@ class TrainingProcess:
             name="towerbench-training",
         )
         try:
-            with _main_module_hidden():
+            with main_module_hidden():
                 self.process.start()
         except BaseException:
             os.close(read_end)

@@ -6,7 +6,7 @@ import argparse
 
 from pydantic import ValidationError
 
-from towerbench.cli.commands.orchestrate import _prepare_prefect
+from towerbench.cli.commands.orchestrate import prepare_prefect
 from towerbench.cli.console import CommandResult
 from towerbench.cli.options import (
     add_json_option,
@@ -51,7 +51,7 @@ def run_advise_command(args: argparse.Namespace) -> CommandResult:
             f"`towerbench preprocess {params.train.dataset} --data-dir {params.data.data_dir}` "
             "first"
         )
-    _prepare_prefect(params)
+    prepare_prefect(params)
     from towerbench.flows.advise import advise
 
     advanced = {".".join(override.key): override.value for override in overrides}

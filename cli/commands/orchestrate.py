@@ -38,7 +38,7 @@ TRAIN_LIST_FIELDS = frozenset(name for name in TrainConfig.model_fields if name 
 DEFAULT_PARAMS = Path("params.yaml")
 
 
-def _prepare_prefect(params: Params) -> None:
+def prepare_prefect(params: Params) -> None:
     """Servers checked (one line and exit 2 if one is down); then, when this machine trains the
     sweep, the training processes' fork server started (its imports overlap what follows); then
     Prefect's temporary server started as ours (when no API URL is set). This process never
@@ -114,7 +114,7 @@ def _result(outcome: SweepResult) -> CommandResult:
 
 def run_sweep_command(args: argparse.Namespace) -> CommandResult:
     params = sweep_run_from_args(args)
-    _prepare_prefect(params)
+    prepare_prefect(params)
     from towerbench.flows.sweep import sweep_params
 
     return _result(sweep_params(params, fresh=args.fresh))
@@ -125,7 +125,7 @@ def run_pipeline_command(args: argparse.Namespace) -> CommandResult:
     overrides = overrides_from_args(TrackingConfig, args)
     params = _checked(load(args.params, overrides))
     check_dvc_project(args.params.parent)  # before Prefect starts: 20 s saved on a wrong folder
-    _prepare_prefect(params)
+    prepare_prefect(params)
     from towerbench.config.run_form import form_parameters
     from towerbench.flows.pipeline import pipeline
 
