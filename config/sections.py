@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -22,6 +22,16 @@ from pydantic import (
 DATASET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 SourceName = Literal["digits", "cifar10", "cifar100", "imagefolder"]
+
+
+def one_value(model: type[BaseModel], name: str) -> Any:
+    """The type of `model.name` with its bounds (`ge`, `le`, `pattern`...): for lists of its
+    values (the sweep's) and form fields, so they refuse what the model refuses, and say so in
+    their JSON schema."""
+    field = model.model_fields[name]
+    if not field.metadata:
+        return field.annotation
+    return Annotated[(field.annotation, *field.metadata)]
 
 
 class StrictModel(BaseModel):

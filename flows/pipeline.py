@@ -10,12 +10,15 @@ from prefect import flow
 from towerbench.config.load import load
 from towerbench.config.params import Params
 from towerbench.config.run_form import DatasetChoice, SweepChoice, form_overrides
-from towerbench.config.sections import TrainConfig, dataset_name
+from towerbench.config.sections import TrainConfig, dataset_name, one_value
 from towerbench.core.errors import TowerbenchError
 from towerbench.flows.sweep import FlowKind, sweep_params
 from towerbench.tasks.fetch import fetch_task
 from towerbench.tasks.preprocess import preprocess_task
 from towerbench.tasks.report import publish_artifact
+
+# The form's epochs field refuses what train.epochs refuses (its JSON schema carries the bound).
+Epochs = one_value(TrainConfig, "epochs")
 
 
 def check_trains_on_fetched_data(params: Params) -> None:
@@ -47,7 +50,7 @@ def run_pipeline(
 def pipeline(
     dataset: DatasetChoice = DatasetChoice(),  # type: ignore[valid-type]  # noqa: B008
     sweep: SweepChoice = SweepChoice(),  # type: ignore[valid-type]  # noqa: B008
-    epochs: float = TrainConfig.model_fields["epochs"].default,
+    epochs: Epochs = TrainConfig.model_fields["epochs"].default,  # type: ignore[valid-type]
     advanced: dict[str, Any] | None = None,
     params_file: str = "params.yaml",
     fresh: bool = False,
