@@ -54,6 +54,12 @@ def embed_figures(text: str, folder: Path) -> str:
     return FIGURE_LINK.sub(inline, text)
 
 
+def report_html(text: str, title: str) -> str:
+    """The markdown report as the page MLflow's artifact viewer shows."""
+    body = markdown.markdown(text, extensions=["tables"])
+    return HTML_PAGE.format(title=title, body=body)
+
+
 def _metric_key(group: str) -> str:
     """MLflow metric names allow letters, digits, `_-./ ` only: `towers=4 lr=sqrt` ->
     `towers-4_lr-sqrt`."""
@@ -121,8 +127,8 @@ def write_report(tracking: TrackingConfig, parent_run_id: str, report: ReportCon
         names = report_figures(records, folder)
         text = render_report(header, rows, records, {name: name for name in names}, benchmark)
         (folder / "report.md").write_text(text)
-        body = markdown.markdown(embed_figures(text, folder), extensions=["tables"])
-        (folder / "report.html").write_text(HTML_PAGE.format(title=header.title, body=body))
+        html = report_html(embed_figures(text, folder), header.title)
+        (folder / "report.html").write_text(html)
 
     destination = Path(report.report_dir).resolve() / parent_run_id
     _write_folder(destination, write)
