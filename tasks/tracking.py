@@ -12,13 +12,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Param, Run, RunStatus, RunTag
+import mlflow.data
+import numpy as np
+from mlflow.data.dataset import Dataset
+from mlflow.entities import DatasetInput, InputTag, Param, Run, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from towerbench.config.params import TrackingConfig
+from towerbench.config.params import SWEEP_AXES, TrackingConfig
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import Outcome, Status
+from towerbench.model.tfrecords import MANIFEST_NAME, dataset_dir, load_manifest
 
 KIND_TAG = "towerbench.kind"  # "sweep" on parent runs, "config" on each configuration's run
 FLOW_TAG = "towerbench.flow"  # which flow made a sweep: "sweep", "pipeline" or "benchmark"
@@ -28,7 +33,9 @@ CONFIG_TAG = "towerbench.config"  # the run's TrainConfig as JSON, to rebuild it
 GROUP_TAG = "towerbench.group"  # the configuration without its seed
 DATA_VERSION_TAG = "towerbench.data_version"
 UNSTABLE_TAG = "towerbench.unstable"  # why a completed run counts as unstable (learning collapsed)
-SWEPT_TAG = "towerbench.swept"  # JSON list of the training fields a sweep varied besides its axes
+# JSON list of the training fields a sweep varies: its axes given several values, then its grid's
+# fields (before 2026-12 the grid's alone; readers take the grid's with `swept_besides_axes`).
+SWEPT_TAG = "towerbench.swept"
 SWEEP_KEY_TAG = "towerbench.sweep_key"  # what a sweep trains, on which data: resume finds it
 # Where a pool's worker ran a configuration (`towerbench sweep --pool`).
 HOST_TAG = "towerbench.host"
@@ -104,6 +111,41 @@ def flat_params(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             flat[prefix + key] = str(value)
     return flat
+
+
+def swept_besides_axes(run: Run) -> list[str]:
+    """The training fields a sweep varied besides its named axes: what its run names add."""
+    swept = json.loads(run.data.tags.get(SWEPT_TAG, "[]"))
+    return [name for name in swept if name not in SWEEP_AXES]
+
+
+def dataset_input(data_dir: Path, dataset: str, data_version: str) -> Dataset:
+    """The dataset as MLflow records it, with its data version (the DVC content hash) as the
+    digest."""
+    folder = dataset_dir(data_dir, dataset)
+    manifest = load_manifest(folder)
+    # A one-example placeholder: MLflow profiles the array; the digest identifies the data.
+    placeholder = np.zeros([1, *manifest.image_shape], dtype=np.uint8)
+    # MLflow digests hold at most 36 characters: a DVC `<md5>.dir` fits, a prefixed one is cut.
+    digest = data_version if len(data_version) <= 36 else data_version.rsplit(":", 1)[-1][:36]
+    return mlflow.data.from_numpy(
+        placeholder, source=str(folder.resolve()), name=dataset, digest=digest
+    )
+
+
+def log_sweep_inputs(
+    tracking: TrackingConfig, run_id: str, data_dir: Path, versions: dict[str, str]
+) -> None:
+    """Record a sweep's datasets (name -> data version) as its parent run's training inputs, as
+    each configuration's run records its own (MLflow's Datasets column)."""
+    context = InputTag(MLFLOW_DATASET_CONTEXT, "training")
+    inputs = [
+        DatasetInput(dataset_input(data_dir, name, version)._to_mlflow_entity(), tags=[context])
+        for name, version in versions.items()
+        if (dataset_dir(data_dir, name) / MANIFEST_NAME).is_file()
+    ]
+    if inputs:
+        client_for(tracking).log_inputs(run_id, datasets=inputs)
 
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:

@@ -11,7 +11,6 @@ the Prefect UI cannot load files beside the report.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
 import shutil
@@ -32,7 +31,7 @@ from towerbench.tasks.report.reading import previous_benchmark, sweep_parent, sw
 from towerbench.tasks.report.render import ReportHeader, benchmark_section, render_report
 from towerbench.tasks.report.statistics import GroupRow
 from towerbench.tasks.report.verdicts import compare
-from towerbench.tasks.tracking import FLOW_TAG, SWEPT_TAG, client_for, run_url
+from towerbench.tasks.tracking import FLOW_TAG, client_for, run_url, swept_besides_axes
 
 REPORT_ARTIFACT_DIR = "report"
 FIGURE_LINK = re.compile(r"\]\(([\w.-]+\.png)\)")
@@ -86,7 +85,7 @@ def _benchmark(client: MlflowClient, parent: Run, rows: list[GroupRow]) -> str |
     previous = previous_benchmark(client, parent)
     if previous is None:
         return "No earlier finished benchmark in this experiment to compare with."
-    swept = json.loads(previous.data.tags.get(SWEPT_TAG, "[]"))
+    swept = swept_besides_axes(previous)
     before = {row.group: row for row in compare(sweep_records(client, previous), swept, None)[0]}
     same_data = previous.data.params.get("data_version") == parent.data.params.get("data_version")
     return benchmark_section(previous.info.run_id, same_data, rows, before)
@@ -111,7 +110,7 @@ def write_report(tracking: TrackingConfig, parent_run_id: str, report: ReportCon
     client = client_for(tracking)
     parent = sweep_parent(client, parent_run_id)
     records = sweep_records(client, parent)
-    swept = json.loads(parent.data.tags.get(SWEPT_TAG, "[]"))
+    swept = swept_besides_axes(parent)
     rows, target = compare(records, swept, report.target_accuracy)
     header = ReportHeader(
         title=parent.info.run_name,
