@@ -50,6 +50,19 @@ TRAINING = "custom_model_development"
 # The 3.17 UI opens experiments by the browser's "GenAI | Model training" switch (default GenAI,
 # whatever the tag says); this query parameter sets it, so our links land on the training runs.
 TRAINING_VIEW = "?workflowType=machine_learning"
+# MLflow 3.17 keeps the runs table's columns per browser; a "shared view" (an experiment tag the UI
+# reads when a link names its key) opens it on what a sweep compares. The UI says it is shared;
+# "Override saved view" keeps it, "Exit shared view" returns to the browser's own.
+SHARED_VIEW_TAG = "mlflow.sharedViewState."
+RUNS_VIEW_KEY = "towerbench"
+RUNS_VIEW = {
+    "selectedColumns": [
+        *(f"params.`{name}`" for name in ("towers", "workers", "lr_scaling", "warmup_epochs")),
+        *(f"params.`{name}`" for name in ("aggregation", "seed", "global_batch")),
+        *(f"metrics.`{name}`" for name in ("test_accuracy", "images_per_sec")),
+    ]
+}
+RUNS_LINK = f"{TRAINING_VIEW}&viewStateShareKey={RUNS_VIEW_KEY}"
 
 # SQLite stores this process found complete (a created schema never becomes incomplete again).
 _READY_STORES: set[str] = set()
@@ -82,22 +95,30 @@ def experiment_name(tracking: TrackingConfig, config: TrainConfig) -> str:
 
 
 def ensure_experiment(tracking: TrackingConfig, name: str) -> str:
-    """The id of experiment `name`, created (with the configured artifact root) if missing, and
-    declared a model-training experiment unless someone chose another kind in the UI."""
+    """The id of experiment `name`, created (with the configured artifact root) if missing,
+    declared a model-training experiment unless someone chose another kind in the UI, with the
+    runs view that RUNS_LINK opens unless someone saved another under its key."""
+    tags = {EXPERIMENT_KIND_TAG: TRAINING, SHARED_VIEW_TAG + RUNS_VIEW_KEY: json.dumps(RUNS_VIEW)}
     client = client_for(tracking)
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         try:
             return client.create_experiment(
-                name, artifact_location=tracking.artifact_root, tags={EXPERIMENT_KIND_TAG: TRAINING}
+                name, artifact_location=tracking.artifact_root, tags=tags
             )
         except MlflowException:
             experiment = client.get_experiment_by_name(name)  # a sweep started beside us made it
             if experiment is None:
                 raise
-    if EXPERIMENT_KIND_TAG not in experiment.tags:
-        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING)
+    for key, value in tags.items():
+        if key not in experiment.tags:
+            client.set_experiment_tag(experiment.experiment_id, key, value)
     return experiment.experiment_id
+
+
+def runs_url(tracking: TrackingConfig, experiment_id: str) -> str:
+    """Link to an experiment's runs in the MLflow UI, on the columns a sweep compares."""
+    return f"{_ui_base(tracking)}/#/experiments/{experiment_id}/runs{RUNS_LINK}"
 
 
 def flat_params(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -300,6 +321,11 @@ def finish_sweep_run(tracking: TrackingConfig, run_id: str, status: str) -> None
 
 def run_url(tracking: TrackingConfig, experiment_id: str, run_id: str) -> str:
     """Link to a run in the MLflow UI (a tracking server's own address when there is one)."""
+    return f"{_ui_base(tracking)}/#/experiments/{experiment_id}/runs/{run_id}{TRAINING_VIEW}"
+
+
+def _ui_base(tracking: TrackingConfig) -> str:
+    """The MLflow UI's address: a tracking server's own, else the configured UI's."""
     uri = tracking.tracking_uri or ""
     base = uri if uri.startswith(("http://", "https://")) else tracking.ui_url
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}{TRAINING_VIEW}"
+    return base.rstrip("/")

@@ -52,7 +52,7 @@ def write_project(folder: Path) -> dict:
 
 
 PIPELINE = "pipeline/towerbench-pipeline"
-BENCHMARK = "benchmark/towerbench-nightly-benchmark"
+BENCHMARK = "benchmark/towerbench-nightly"
 
 
 @pytest.fixture(scope="module")
