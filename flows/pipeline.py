@@ -16,6 +16,7 @@ from towerbench.flows.sweep import FlowKind, sweep_params
 from towerbench.tasks.fetch import fetch_task
 from towerbench.tasks.preprocess import preprocess_task
 from towerbench.tasks.report import publish_artifact
+from towerbench.tasks.user_errors_log import one_line_user_errors
 
 # The form's epochs field refuses what train.epochs refuses (its JSON schema carries the bound).
 Epochs = one_value(TrainConfig, "epochs")
@@ -66,6 +67,7 @@ def pipeline(
         params_file: The params.yaml every other setting comes from.
         fresh: Start anew even if an identical sweep was interrupted (default: resume it).
     """
+    one_line_user_errors()
     path = Path(params_file)
     in_file = load(path, resolve_tracking=False)
     overrides = form_overrides(dataset, sweep, epochs, advanced or {}, in_file.fetch)
