@@ -55,8 +55,8 @@ class FetchConfig(StrictModel):
     name: str | None = Field(
         None,
         pattern=DATASET_NAME_PATTERN,
-        description="Name the dataset is stored under; default: the source name, or for "
-        "imagefolder the zip's or folder's stem.",
+        description="Name the dataset is stored under; None: it follows the source (the "
+        "source's name, or for imagefolder the zip's or folder's stem).",
     )
     classes: list[str] | None = Field(
         None, description="imagefolder class order; default: sorted folder names."
