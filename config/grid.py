@@ -82,7 +82,8 @@ def sweep_description(train: TrainConfig, sweep: SweepGrid) -> dict[str, Any]:
     }
     lists = sweep.model_dump(mode="json", exclude={"grid"}, exclude_none=True)
     grid = sweep.grid.model_dump(mode="json", exclude_none=True)
-    return {"train": shared, "sweep": lists | ({"grid": grid} if grid else {})}
+    # The sweep first: MLflow lists a run's params in the order they were logged.
+    return {"sweep": lists | ({"grid": grid} if grid else {}), "train": shared}
 
 
 def expand(train: TrainConfig, sweep: SweepGrid) -> list[TrainConfig]:
