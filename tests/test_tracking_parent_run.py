@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from towerbench.config.grid import expand
@@ -14,6 +15,8 @@ from towerbench.config.sections import TrainConfig
 from towerbench.flows.sweep import open_sweep, plan_sweep
 from towerbench.model.tfrecords import Manifest, SplitInfo, dataset_dir
 from towerbench.tasks.tracking import SWEPT_TAG, swept_besides_axes
+
+pytestmark = pytest.mark.slow  # creates an MLflow store (its schema takes 10-20 s to create)
 
 
 def write_manifest(data_dir: Path, name: str) -> None:
