@@ -244,7 +244,8 @@ def test_other_settings_under_params_yamls_dataset_name_fail_at_once(served_proj
     project, api, processes, logs = served_project
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
         form = client.read_deployment_by_name(PIPELINE).parameters
-        form["dataset"]["source"] = "cifar10"
+        # Typed in the form: params.yaml's name (an empty name would follow the source).
+        form["dataset"].update(source="cifar10", name="digits")
         started = time.monotonic()
         flow_run = run_deployment(PIPELINE, parameters=form, timeout=180)
         waited = time.monotonic() - started
