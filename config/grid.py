@@ -52,10 +52,9 @@ def swept_fields(sweep: SweepGrid) -> list[str]:
     return [name for name, values in sweep.grid if values is not None]
 
 
-def expand(train: TrainConfig, sweep: SweepGrid) -> list[TrainConfig]:
-    """One TrainConfig per distinct run: `train` with each combination of the sweep's lists, in
-    a stable order."""
-    axes: dict[str, list[Any]] = {
+def _axes(sweep: SweepGrid) -> dict[str, list[Any]]:
+    """Each named axis (a training field) and the sweep's list of its values."""
+    return {
         "towers": sweep.towers,
         "workers": sweep.workers,
         "aggregation": sweep.aggregation,
@@ -63,6 +62,35 @@ def expand(train: TrainConfig, sweep: SweepGrid) -> list[TrainConfig]:
         "warmup_epochs": sweep.warmup_epochs,
         "seed": sweep.seeds,
     }
+
+
+def varied_fields(sweep: SweepGrid) -> list[str]:
+    """The training fields the sweep varies: its axes given more than one value, then the
+    grid's fields (named in run names)."""
+    return [name for name, values in _axes(sweep).items() if len(values) > 1] + swept_fields(sweep)
+
+
+def sweep_description(train: TrainConfig, sweep: SweepGrid) -> dict[str, Any]:
+    """The sweep as its parent run's params: the sweep's lists and budget, and the training
+    values every run shares (not those the sweep sets per run, nor unset ones)."""
+    per_run = {*_axes(sweep), *swept_fields(sweep)}
+    if sweep.per_tower_batch is not None:
+        per_run.add("global_batch")
+    shared = {
+        name: value
+        for name, value in train.model_dump(mode="json").items()
+        if name not in per_run and value is not None
+    }
+    lists = sweep.model_dump(mode="json", exclude={"grid"}, exclude_none=True)
+    grid = sweep.grid.model_dump(mode="json", exclude_none=True)
+    # The sweep first: MLflow lists a run's params in the order they were logged.
+    return {"sweep": lists | ({"grid": grid} if grid else {}), "train": shared}
+
+
+def expand(train: TrainConfig, sweep: SweepGrid) -> list[TrainConfig]:
+    """One TrainConfig per distinct run: `train` with each combination of the sweep's lists, in
+    a stable order."""
+    axes = _axes(sweep)
     axes.update({name: getattr(sweep.grid, name) for name in swept_fields(sweep)})
     if sweep.per_tower_batch is not None and "global_batch" in axes:
         raise TowerbenchError("sweep: give either per_tower_batch or grid.global_batch, not both")

@@ -18,6 +18,7 @@ from towerbench.config.sections import (
     PreprocessConfig,
     StrictModel,
     TrainConfig,
+    one_value,
 )
 from towerbench.core.errors import describe_validation_error, dotted
 
@@ -28,7 +29,7 @@ SWEEP_AXES = ("towers", "workers", "aggregation", "lr_scaling", "warmup_epochs",
 def _grid_field(name: str) -> tuple[object, object]:
     field = TrainConfig.model_fields[name]
     return (
-        list[field.annotation] | None,  # type: ignore[name-defined]
+        list[one_value(TrainConfig, name)] | None,  # type: ignore[misc]
         Field(
             None, min_length=1, description=f"Values of train.{name} to sweep. {field.description}"
         ),
@@ -104,23 +105,35 @@ def apply_sweep_preset(sections: dict[str, dict]) -> dict[str, dict]:
 class SweepGrid(StrictModel):
     """The lists a sweep takes the product of (one run per combination)."""
 
-    towers: list[int] = Field([1, 2, 4], min_length=1, description="Tower counts to compare.")
-    workers: list[int] = Field(
+    towers: list[one_value(TrainConfig, "towers")] = Field(  # type: ignore[misc]
+        [1, 2, 4], min_length=1, description="Tower counts to compare."
+    )
+    workers: list[one_value(TrainConfig, "workers")] = Field(  # type: ignore[misc]
         [1],
         min_length=1,
         description="Worker counts to compare (towers are per worker), e.g. 1 worker x 4 "
         "towers against 2 workers x 2 towers at the same global batch.",
     )
-    aggregation: list[Literal["mean", "sum"]] = Field(
-        ["mean"], min_length=1, description="Gradient aggregations to compare."
+    aggregation: list[one_value(TrainConfig, "aggregation")] = Field(  # type: ignore[misc]
+        ["mean"],
+        min_length=1,
+        description="Gradient aggregations to compare (a single replica is named agg=mean: "
+        "the sum of one gradient is its mean).",
     )
-    lr_scaling: list[Literal["none", "linear", "sqrt", "adascale"]] = Field(
-        ["linear"], min_length=1, description="Learning-rate scaling rules to compare."
+    lr_scaling: list[one_value(TrainConfig, "lr_scaling")] = Field(  # type: ignore[misc]
+        ["linear"],
+        min_length=1,
+        description="Learning-rate scaling rules to compare. A run at the reference batch "
+        "(global_batch = reference_batch, e.g. 1 tower x per_tower_batch = reference_batch) is "
+        "named lr=none warmup=0 whatever is asked: every rule gives base_lr there.",
     )
-    warmup_epochs: list[float] = Field(
-        [0], min_length=1, description="Warmup lengths (epochs) to compare."
+    warmup_epochs: list[one_value(TrainConfig, "warmup_epochs")] = Field(  # type: ignore[misc]
+        [0],
+        min_length=1,
+        description="Warmup lengths (epochs) to compare; 0 where the LR is not scaled (lr=none, "
+        "adascale, or the reference batch): a warmup from base_lr to base_lr does nothing.",
     )
-    seeds: list[int] = Field(
+    seeds: list[one_value(TrainConfig, "seed")] = Field(  # type: ignore[misc]
         [0, 1], min_length=1, description="Seeds: each configuration runs once per seed."
     )
     budget: Literal["epochs", "updates"] = Field(

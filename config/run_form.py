@@ -53,13 +53,23 @@ SweepChoice = _pick(
 
 def form_parameters(params: Params, params_path: Path) -> dict[str, Any]:
     """The form's values for `params` (the deployment's defaults), as JSON."""
+    dataset = params.fetch.model_dump(mode="json", include=set(DATASET_FIELDS))
+    if params.fetch.name == dataset_name(params.fetch.model_copy(update={"name": None})):
+        # Left empty, the name follows the source: changing only the source cannot collide
+        # with params.yaml's dataset of the same name.
+        dataset["name"] = None
     return {
-        "dataset": params.fetch.model_dump(mode="json", include=set(DATASET_FIELDS)),
+        "dataset": dataset,
         "sweep": params.sweep.model_dump(mode="json", include=set(SWEEP_FIELDS)),
         "epochs": params.train.epochs,
         "advanced": {},
         "params_file": str(params_path.resolve()),
     }
+
+
+def _identity(fetch: FetchConfig) -> dict[str, Any]:
+    """The dataset fields, with the name the data is stored under."""
+    return {**fetch.model_dump(include=set(DATASET_FIELDS)), "name": dataset_name(fetch)}
 
 
 def form_overrides(
@@ -74,9 +84,7 @@ def form_overrides(
     overrides = [Override(FetchConfig, f, v, f"dataset.{f}") for f, v in dataset]
     overrides += [Override(SweepGrid, f, v, f"sweep.{f}") for f, v in sweep]
     chosen = FetchConfig(**dict(dataset))
-    if chosen.model_dump(include=set(DATASET_FIELDS)) != file_fetch.model_dump(
-        include=set(DATASET_FIELDS)
-    ):
+    if _identity(chosen) != _identity(file_fetch):
         overrides += [Override(FetchConfig, f, None, "dataset") for f in ("md5", "classes")]
     overrides.append(Override(TrainConfig, "dataset", dataset_name(chosen), "dataset"))
     overrides.append(Override(TrainConfig, "epochs", epochs, "epochs"))

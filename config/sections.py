@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -24,6 +24,16 @@ from towerbench.config.model_ref import parse_model
 DATASET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 SourceName = Literal["digits", "cifar10", "cifar100", "imagefolder"]
+
+
+def one_value(model: type[BaseModel], name: str) -> Any:
+    """The type of `model.name` with its bounds (`ge`, `le`, `pattern`...): for lists of its
+    values (the sweep's) and form fields, so they refuse what the model refuses, and say so in
+    their JSON schema."""
+    field = model.model_fields[name]
+    if not field.metadata:
+        return field.annotation
+    return Annotated[(field.annotation, *field.metadata)]
 
 
 class StrictModel(BaseModel):
@@ -47,8 +57,8 @@ class FetchConfig(StrictModel):
     name: str | None = Field(
         None,
         pattern=DATASET_NAME_PATTERN,
-        description="Name the dataset is stored under; default: the source name, or for "
-        "imagefolder the zip's or folder's stem.",
+        description="Name the dataset is stored under; None: it follows the source (the "
+        "source's name, or for imagefolder the zip's or folder's stem).",
     )
     classes: list[str] | None = Field(
         None, description="imagefolder class order; default: sorted folder names."

@@ -9,6 +9,7 @@ from prefect import flow
 
 from towerbench.config.load import load
 from towerbench.flows.pipeline import run_pipeline
+from towerbench.tasks.user_errors_log import one_line_user_errors
 
 
 @flow(name="benchmark")
@@ -20,5 +21,6 @@ def benchmark(params_file: str = "params.yaml") -> dict[str, Any]:
         params_file: The params.yaml whose `benchmark:` patch on its `train:` and `sweep:`
             fixes the sweep.
     """
+    one_line_user_errors()
     path = Path(params_file)
     return run_pipeline(load(path).benchmark_params(), path.resolve().parent, "benchmark")

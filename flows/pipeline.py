@@ -10,13 +10,17 @@ from prefect import flow
 from towerbench.config.load import load
 from towerbench.config.params import Params
 from towerbench.config.run_form import DatasetChoice, SweepChoice, form_overrides
-from towerbench.config.sections import TrainConfig, dataset_name
+from towerbench.config.sections import TrainConfig, dataset_name, one_value
 from towerbench.core.errors import TowerbenchError
 from towerbench.flows.sweep import FlowKind, sweep_params
 from towerbench.tasks.dvc_stages import check_dvc_project
 from towerbench.tasks.fetch import fetch_task
 from towerbench.tasks.preprocess import preprocess_task
 from towerbench.tasks.report import publish_artifact
+from towerbench.tasks.user_errors_log import one_line_user_errors
+
+# The form's epochs field refuses what train.epochs refuses (its JSON schema carries the bound).
+Epochs = one_value(TrainConfig, "epochs")
 
 
 def check_trains_on_fetched_data(params: Params) -> None:
@@ -49,7 +53,7 @@ def run_pipeline(
 def pipeline(
     dataset: DatasetChoice = DatasetChoice(),  # type: ignore[valid-type]  # noqa: B008
     sweep: SweepChoice = SweepChoice(),  # type: ignore[valid-type]  # noqa: B008
-    epochs: float = TrainConfig.model_fields["epochs"].default,
+    epochs: Epochs = TrainConfig.model_fields["epochs"].default,  # type: ignore[valid-type]
     advanced: dict[str, Any] | None = None,
     params_file: str = "params.yaml",
     fresh: bool = False,
@@ -65,6 +69,7 @@ def pipeline(
         params_file: The params.yaml every other setting comes from.
         fresh: Start anew even if an identical sweep was interrupted (default: resume it).
     """
+    one_line_user_errors()
     path = Path(params_file)
     in_file = load(path, resolve_tracking=False)
     overrides = form_overrides(dataset, sweep, epochs, advanced or {}, in_file.fetch)

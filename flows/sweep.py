@@ -28,7 +28,14 @@ from prefect.artifacts import (
 )
 from prefect.exceptions import TerminationSignal
 
-from towerbench.config.grid import expand, group_name, run_name, swept_fields
+from towerbench.config.grid import (
+    expand,
+    group_name,
+    run_name,
+    sweep_description,
+    swept_fields,
+    varied_fields,
+)
 from towerbench.config.model_ref import parse_model
 from towerbench.config.params import Params, ReportConfig, SweepGrid, TrackingConfig
 from towerbench.config.sections import DataConfig, TrainConfig
@@ -45,6 +52,7 @@ from towerbench.tasks.tracking import (
     ensure_experiment,
     experiment_name,
     finish_sweep_run,
+    log_sweep_inputs,
     reopen_run,
     run_outcome,
     run_url,
@@ -142,14 +150,11 @@ def open_sweep(
         experiment_id,
         name=f"{kind} {train.dataset} {time.strftime('%Y-%m-%d %H:%M:%S')}",
         flow=kind,
-        params={
-            "train": train.model_dump(mode="json"),
-            "sweep": sweep.model_dump(mode="json"),
-            "data_version": plan.versions[train.dataset],
-        },
-        swept=plan.swept,
+        params={**sweep_description(train, sweep), "data_version": plan.versions[train.dataset]},
+        swept=varied_fields(sweep),
         key=plan.key,
     )
+    log_sweep_inputs(tracking, parent_run_id, plan.data_dir, plan.versions)
     return SweepRun(tracking, experiment_id, parent_run_id, {})
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -70,7 +71,10 @@ def _stream_once(url: str, part: Path) -> None:
             if response.status_code >= 500:
                 raise _RetryableError(f"HTTP {response.status_code}")
             if response.status_code not in (200, 206):
-                raise TowerbenchError(f"{url}: HTTP {response.status_code}")
+                raise TowerbenchError(
+                    f"{url}: HTTP {response.status_code} {response.reason_phrase}; nothing "
+                    "downloaded (a wrong URL: not retried)"
+                )
             if response.status_code == 200:
                 offset = 0  # The server ignored Range: start over.
             elif not response.headers.get("Content-Range", "").startswith(f"bytes {offset}-"):
@@ -96,7 +100,24 @@ def _stream_once(url: str, part: Path) -> None:
                     out.write(chunk)
                     progress.update(len(chunk))
     except httpx.TransportError as error:
+        unknown = _name_lookup_failure(error)
+        if unknown is not None:
+            raise TowerbenchError(
+                f"{url}: host {urlparse(url).hostname!r} not found ({unknown.strerror}): no "
+                "network, or a wrong URL; nothing downloaded (not retried)"
+            ) from None
         raise _RetryableError(str(error) or type(error).__name__) from None
+
+
+def _name_lookup_failure(error: BaseException) -> socket.gaierror | None:
+    """The DNS failure behind a connection error, if that was the cause: a wrong host name, or
+    no network at all; waiting and retrying changes neither within a fetch."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, socket.gaierror):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _download(url: str, part: Path, retries: int, backoff_seconds: float) -> None:
@@ -107,9 +128,12 @@ def _download(url: str, part: Path, retries: int, backoff_seconds: float) -> Non
         except _RetryableError as error:
             if attempt == retries:
                 have = part.stat().st_size if part.exists() else 0
+                if not have:
+                    part.unlink(missing_ok=True)  # nothing to resume: leave no empty file
+                kept = f"{have} bytes kept in {part.resolve()}, " if have else "nothing kept; "
                 raise DownloadInterrupted(
                     f"{url}: download failed after {attempt + 1} attempt(s) ({error}); "
-                    f"{have} bytes kept in {part}, run fetch again to resume"
+                    f"{kept}run fetch again to resume"
                 ) from None
             time.sleep(backoff_seconds * 2**attempt)
 

@@ -23,7 +23,7 @@ from towerbench.serve.telemetry import telemetry_off_unless_opted_in
 
 # Named for what they do: the Prefect UI lists deployments by name, the flow only in grey.
 PIPELINE_DEPLOYMENT = "towerbench-pipeline"
-BENCHMARK_DEPLOYMENT = "towerbench-nightly-benchmark"
+BENCHMARK_DEPLOYMENT = "towerbench-nightly"  # short: the deployments list cuts longer names
 ADVISE_DEPLOYMENT = "towerbench-advise"
 HOST = "127.0.0.1"
 PREFECT_PORT = 4200
@@ -36,6 +36,11 @@ def prefect_api_url() -> str | None:
     from prefect.settings import PREFECT_API_URL
 
     return PREFECT_API_URL.value() or None
+
+
+def schedule_tag(timezone: str) -> str:
+    """The scheduled deployment's tag naming the zone its schedule's times are in."""
+    return f"times in {timezone}"
 
 
 def serve(params: Params, params_path: Path) -> None:
@@ -72,6 +77,9 @@ def serve(params: Params, params_path: Path) -> None:
         name=BENCHMARK_DEPLOYMENT,
         schedule=Cron(params.benchmark.cron, timezone=params.benchmark.timezone),
         parameters={"params_file": str(params_path.resolve())},
+        # Prefect 3.9's deployments list labels the schedule without its zone (ui-v2
+        # schedule-badge: only the tooltip has it); a tag shows it beside the label.
+        tags=[schedule_tag(params.benchmark.timezone)],
         # The UI's schedule label leaves the time zone out; say it here.
         description=f"The fixed benchmark sweep at `{params.benchmark.cron}` "
         f"({params.benchmark.timezone}), compared with its previous run.",
@@ -147,7 +155,7 @@ def run_ui(params: Params, params_path: Path) -> None:
     The terminal gets one line per server, then the served runs' logs; the servers' own output
     goes to log files (see serve/process_output.py).
     """
-    from towerbench.tasks.tracking import TRAINING_VIEW, ensure_experiment, experiment_name
+    from towerbench.tasks.tracking import ensure_experiment, experiment_name, runs_url
 
     for port in (PREFECT_PORT, MLFLOW_PORT):
         if not _port_free(port):
@@ -192,10 +200,8 @@ def run_ui(params: Params, params_path: Path) -> None:
         _wait_for(f"{prefect_url}/api/health", prefect_server)
         relay.say(f"Prefect UI   {prefect_url}")
         _wait_for(f"http://{HOST}:{MLFLOW_PORT}/health", mlflow_server)
-        relay.say(
-            f"MLflow UI    http://{HOST}:{MLFLOW_PORT}/#/experiments/{experiment_id}/runs"
-            f"{TRAINING_VIEW}"
-        )
+        ui = tracking.model_copy(update={"ui_url": f"http://{HOST}:{MLFLOW_PORT}"})
+        relay.say(f"MLflow UI    {runs_url(ui, experiment_id)}")
         environment = dict(os.environ, PREFECT_API_URL=f"{prefect_url}/api")
         command = [tool("towerbench"), "serve", "--params", str(params_path)]
         served = _start(command + ["--tracking-uri", tracking.tracking_uri or ""], environment)

@@ -20,23 +20,14 @@ import numpy as np  # noqa: E402
 
 from towerbench.core.outcome import Status
 from towerbench.model.records import EpochRecord  # noqa: E402
-from towerbench.model.tfrecords import dataset_dir, load_manifest  # noqa: E402
+from towerbench.tasks.tracking import dataset_input  # noqa: E402
 
 MODEL_NAME = "model"
 
 
 def log_data_input(data_dir: Path, dataset: str, data_version: str) -> None:
-    """Record the dataset with its DVC content hash as the digest (MLflow's dataset version)."""
-    folder = dataset_dir(data_dir, dataset)
-    manifest = load_manifest(folder)
-    # A one-example placeholder: MLflow profiles the array; the digest identifies the data.
-    placeholder = np.zeros([1, *manifest.image_shape], dtype=np.uint8)
-    # MLflow digests hold at most 36 characters: a DVC `<md5>.dir` fits, a prefixed one is cut.
-    digest = data_version if len(data_version) <= 36 else data_version.rsplit(":", 1)[-1][:36]
-    data = mlflow.data.from_numpy(
-        placeholder, source=str(folder.resolve()), name=dataset, digest=digest
-    )
-    mlflow.log_input(data, context="training")
+    """Record the dataset, its DVC content hash as the digest, in the active run."""
+    mlflow.log_input(dataset_input(data_dir, dataset, data_version), context="training")
 
 
 def learning_curves_figure(history: list[EpochRecord]) -> plt.Figure:

@@ -12,14 +12,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Param, Run, RunStatus, RunTag
+import mlflow.data
+import numpy as np
+from mlflow.data.dataset import Dataset
+from mlflow.entities import DatasetInput, InputTag, Param, Run, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from towerbench.config.model_ref import model_label, provenance
-from towerbench.config.params import TrackingConfig
+from towerbench.config.params import SWEEP_AXES, TrackingConfig
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import Outcome, Status
+from towerbench.model.tfrecords import MANIFEST_NAME, dataset_dir, load_manifest
 
 KIND_TAG = "towerbench.kind"  # "sweep" on parent runs, "config" on each configuration's run
 FLOW_TAG = "towerbench.flow"  # which flow made a sweep: "sweep", "pipeline" or "benchmark"
@@ -29,7 +34,9 @@ CONFIG_TAG = "towerbench.config"  # the run's TrainConfig as JSON, to rebuild it
 GROUP_TAG = "towerbench.group"  # the configuration without its seed
 DATA_VERSION_TAG = "towerbench.data_version"
 UNSTABLE_TAG = "towerbench.unstable"  # why a completed run counts as unstable (learning collapsed)
-SWEPT_TAG = "towerbench.swept"  # JSON list of the training fields a sweep varied besides its axes
+# JSON list of the training fields a sweep varies: its axes given several values, then its grid's
+# fields (before 2026-12 the grid's alone; readers take the grid's with `swept_besides_axes`).
+SWEPT_TAG = "towerbench.swept"
 SWEEP_KEY_TAG = "towerbench.sweep_key"  # what a sweep trains, on which data: resume finds it
 # Where a pool's worker ran a configuration (`towerbench sweep --pool`).
 HOST_TAG = "towerbench.host"
@@ -44,6 +51,19 @@ TRAINING = "custom_model_development"
 # The 3.17 UI opens experiments by the browser's "GenAI | Model training" switch (default GenAI,
 # whatever the tag says); this query parameter sets it, so our links land on the training runs.
 TRAINING_VIEW = "?workflowType=machine_learning"
+# MLflow 3.17 keeps the runs table's columns per browser; a "shared view" (an experiment tag the UI
+# reads when a link names its key) opens it on what a sweep compares. The UI says it is shared;
+# "Override saved view" keeps it, "Exit shared view" returns to the browser's own.
+SHARED_VIEW_TAG = "mlflow.sharedViewState."
+RUNS_VIEW_KEY = "towerbench"
+RUNS_VIEW = {
+    "selectedColumns": [
+        *(f"params.`{name}`" for name in ("towers", "workers", "lr_scaling", "warmup_epochs")),
+        *(f"params.`{name}`" for name in ("aggregation", "seed", "global_batch")),
+        *(f"metrics.`{name}`" for name in ("test_accuracy", "images_per_sec")),
+    ]
+}
+RUNS_LINK = f"{TRAINING_VIEW}&viewStateShareKey={RUNS_VIEW_KEY}"
 
 # SQLite stores this process found complete (a created schema never becomes incomplete again).
 _READY_STORES: set[str] = set()
@@ -76,22 +96,30 @@ def experiment_name(tracking: TrackingConfig, config: TrainConfig) -> str:
 
 
 def ensure_experiment(tracking: TrackingConfig, name: str) -> str:
-    """The id of experiment `name`, created (with the configured artifact root) if missing, and
-    declared a model-training experiment unless someone chose another kind in the UI."""
+    """The id of experiment `name`, created (with the configured artifact root) if missing,
+    declared a model-training experiment unless someone chose another kind in the UI, with the
+    runs view that RUNS_LINK opens unless someone saved another under its key."""
+    tags = {EXPERIMENT_KIND_TAG: TRAINING, SHARED_VIEW_TAG + RUNS_VIEW_KEY: json.dumps(RUNS_VIEW)}
     client = client_for(tracking)
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
         try:
             return client.create_experiment(
-                name, artifact_location=tracking.artifact_root, tags={EXPERIMENT_KIND_TAG: TRAINING}
+                name, artifact_location=tracking.artifact_root, tags=tags
             )
         except MlflowException:
             experiment = client.get_experiment_by_name(name)  # a sweep started beside us made it
             if experiment is None:
                 raise
-    if EXPERIMENT_KIND_TAG not in experiment.tags:
-        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, TRAINING)
+    for key, value in tags.items():
+        if key not in experiment.tags:
+            client.set_experiment_tag(experiment.experiment_id, key, value)
     return experiment.experiment_id
+
+
+def runs_url(tracking: TrackingConfig, experiment_id: str) -> str:
+    """Link to an experiment's runs in the MLflow UI, on the columns a sweep compares."""
+    return f"{_ui_base(tracking)}/#/experiments/{experiment_id}/runs{RUNS_LINK}"
 
 
 def flat_params(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -105,6 +133,41 @@ def flat_params(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             flat[prefix + key] = str(value)
     return flat
+
+
+def swept_besides_axes(run: Run) -> list[str]:
+    """The training fields a sweep varied besides its named axes: what its run names add."""
+    swept = json.loads(run.data.tags.get(SWEPT_TAG, "[]"))
+    return [name for name in swept if name not in SWEEP_AXES]
+
+
+def dataset_input(data_dir: Path, dataset: str, data_version: str) -> Dataset:
+    """The dataset as MLflow records it, with its data version (the DVC content hash) as the
+    digest."""
+    folder = dataset_dir(data_dir, dataset)
+    manifest = load_manifest(folder)
+    # A one-example placeholder: MLflow profiles the array; the digest identifies the data.
+    placeholder = np.zeros([1, *manifest.image_shape], dtype=np.uint8)
+    # MLflow digests hold at most 36 characters: a DVC `<md5>.dir` fits, a prefixed one is cut.
+    digest = data_version if len(data_version) <= 36 else data_version.rsplit(":", 1)[-1][:36]
+    return mlflow.data.from_numpy(
+        placeholder, source=str(folder.resolve()), name=dataset, digest=digest
+    )
+
+
+def log_sweep_inputs(
+    tracking: TrackingConfig, run_id: str, data_dir: Path, versions: dict[str, str]
+) -> None:
+    """Record a sweep's datasets (name -> data version) as its parent run's training inputs, as
+    each configuration's run records its own (MLflow's Datasets column)."""
+    context = InputTag(MLFLOW_DATASET_CONTEXT, "training")
+    inputs = [
+        DatasetInput(dataset_input(data_dir, name, version)._to_mlflow_entity(), tags=[context])
+        for name, version in versions.items()
+        if (dataset_dir(data_dir, name) / MANIFEST_NAME).is_file()
+    ]
+    if inputs:
+        client_for(tracking).log_inputs(run_id, datasets=inputs)
 
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
@@ -263,6 +326,11 @@ def finish_sweep_run(tracking: TrackingConfig, run_id: str, status: str) -> None
 
 def run_url(tracking: TrackingConfig, experiment_id: str, run_id: str) -> str:
     """Link to a run in the MLflow UI (a tracking server's own address when there is one)."""
+    return f"{_ui_base(tracking)}/#/experiments/{experiment_id}/runs/{run_id}{TRAINING_VIEW}"
+
+
+def _ui_base(tracking: TrackingConfig) -> str:
+    """The MLflow UI's address: a tracking server's own, else the configured UI's."""
     uri = tracking.tracking_uri or ""
     base = uri if uri.startswith(("http://", "https://")) else tracking.ui_url
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}{TRAINING_VIEW}"
+    return base.rstrip("/")

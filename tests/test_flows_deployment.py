@@ -17,6 +17,7 @@ from fixtures_servers import free_port, wait_until
 from mlflow.tracking import MlflowClient
 
 from towerbench.config.load import load
+from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
@@ -51,7 +52,7 @@ def write_project(folder: Path) -> dict:
 
 
 PIPELINE = "pipeline/towerbench-pipeline"
-BENCHMARK = "benchmark/towerbench-nightly-benchmark"
+BENCHMARK = "benchmark/towerbench-nightly"
 ADVISE = "advise/towerbench-advise"
 
 
@@ -169,6 +170,40 @@ def test_the_advise_form_is_short_and_bounded(served_project) -> None:
     }
 
 
+def test_the_form_schema_has_the_configs_bounds_and_the_server_enforces_them(
+    served_project,
+) -> None:
+    """The served deployment's parameter schema bounds each number as TrainConfig does (what
+    the CLI enforces); Prefect refuses a run outside them before it starts."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import PrefectHTTPStatusError
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    project, api, processes, logs = served_project
+    train = TrainConfig.model_json_schema()["properties"]
+    bounds = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+    def bounds_of(schema: dict) -> dict:
+        return {key: schema[key] for key in bounds if key in schema}
+
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name(PIPELINE)
+        schema = deployment.parameter_openapi_schema
+        sweep = schema["definitions"]["SweepChoice"]["properties"]
+        assert bounds_of(schema["properties"]["epochs"]) == bounds_of(train["epochs"]) != {}
+        for field, config_field in (
+            ("towers", "towers"),
+            ("seeds", "seed"),
+            ("warmup_epochs", "warmup_epochs"),
+        ):
+            assert bounds_of(sweep[field]["items"]) == bounds_of(train[config_field]) != {}
+        for wrong in ({"epochs": -1}, {"sweep": {**deployment.parameters["sweep"], "towers": [0]}}):
+            with pytest.raises(PrefectHTTPStatusError, match="409"):
+                client.create_flow_run_from_deployment(
+                    deployment.id, parameters={**deployment.parameters, **wrong}
+                )
+
+
 def test_a_dataset_other_than_params_yaml_is_built_by_dvc_and_trained(served_project) -> None:
     """The form's dataset is not params.yaml's: DVC builds it beside the file (which stays as it
     was), the run completes, and MLflow records that dataset's DVC hash."""
@@ -236,7 +271,8 @@ def test_other_settings_under_params_yamls_dataset_name_fail_at_once(served_proj
     project, api, processes, logs = served_project
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
         form = client.read_deployment_by_name(PIPELINE).parameters
-        form["dataset"]["source"] = "cifar10"
+        # Typed in the form: params.yaml's name (an empty name would follow the source).
+        form["dataset"].update(source="cifar10", name="digits")
         started = time.monotonic()
         flow_run = run_deployment(PIPELINE, parameters=form, timeout=180)
         waited = time.monotonic() - started

@@ -35,6 +35,7 @@ def prefect_harness():
 
 
 SHARDS = PreprocessConfig(shards=1)  # as in every project below
+FAST = fetch_task.with_options(retries=1, retry_delay_seconds=0)
 
 
 def write_project(folder: Path, fetch: dict) -> Path:
@@ -47,14 +48,13 @@ def write_project(folder: Path, fetch: dict) -> Path:
     return folder
 
 
-def fetch_attempts(project: Path, config: FetchConfig) -> tuple[str, int]:
-    """Run the fetch task in a flow, with one retry and no delay (each attempt of the stage takes
-    seconds): its final message and how often it ran."""
+def fetch_attempts(project: Path, config: FetchConfig, task=FAST) -> tuple[str, int]:
+    """Run the fetch task in a flow (by default with one retry and no delay: each attempt of the
+    stage takes seconds): its final message and how often it ran."""
 
     @flow
     def fetch_only() -> UUID:
-        fast = fetch_task.with_options(retries=1, retry_delay_seconds=0)
-        state = fast(project, config, SHARDS, project / "data", return_state=True)
+        state = task(project, config, SHARDS, project / "data", return_state=True)
         return state.state_details.task_run_id
 
     with get_client(sync_client=True) as client:
@@ -109,3 +109,48 @@ def test_a_download_that_gave_up_is_retried(prefect_harness, tmp_path) -> None:
         server.shutdown()
     assert runs == 2 and _Unavailable.requests == 2  # the first attempt and the retry
     assert "download failed after 1 attempt(s) (HTTP 503)" in message
+
+
+class _NotFound(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self.send_error(404)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def _paths_in(message: str) -> list[Path]:
+    return [Path(word.rstrip(":;,.)")) for word in message.split() if word.startswith("/")]
+
+
+def _fails_once_soon(tmp_path: Path, url: str) -> str:
+    """The real fetch task (its own retries and delays) on `url`: failed in one run, in under
+    15 s, naming only paths that exist and no partial file; its message."""
+    fetch = {"source": "cifar10", "name": "cifar10", "url": url}
+    project = write_project(tmp_path / "project", fetch)
+    started = time.monotonic()
+    message, runs = fetch_attempts(project, FetchConfig(**fetch), task=fetch_task)
+    assert runs == 1, message
+    assert time.monotonic() - started < 15
+    assert ".part" not in message and "../" not in message
+    assert _paths_in(message) and all(path.exists() for path in _paths_in(message)), message
+    assert not (project / "data" / "raw").exists()  # no empty folder left behind
+    return message
+
+
+def test_a_url_answering_404_fails_once_at_once(prefect_harness, tmp_path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/missing.tar.gz"
+        message = _fails_once_soon(tmp_path, url)
+    finally:
+        server.shutdown()
+    assert f"{url}: HTTP 404 Not Found; nothing downloaded" in message
+
+
+def test_an_unresolvable_host_fails_once_at_once(prefect_harness, tmp_path) -> None:
+    """A DNS failure (here a reserved name that never resolves; offline, every name) is not
+    worth Prefect's waits of 10 and 60 s."""
+    message = _fails_once_soon(tmp_path, "http://nonexistent.invalid/cifar-10-binary.tar.gz")
+    assert "host 'nonexistent.invalid' not found" in message

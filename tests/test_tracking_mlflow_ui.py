@@ -24,6 +24,7 @@ from towerbench.tasks.tracking import (
     create_config_run,
     ensure_experiment,
     run_url,
+    runs_url,
 )
 from towerbench.tasks.train import run_training_process
 from towerbench.tasks.train_worker import WorkerRequest
@@ -64,6 +65,24 @@ def test_towerbench_experiments_are_model_training_experiments(tmp_path) -> None
         link
         == f"http://127.0.0.1:5000/#/experiments/{created}/runs/abc?workflowType=machine_learning"
     )
+
+
+def test_the_runs_link_opens_the_columns_a_sweep_compares(tmp_path) -> None:
+    """MLflow 3.17 reads a "shared view" from an experiment tag when the link names its key:
+    ours shows the sweep's axes and results, and a view someone saved under that key stays."""
+    tracking = tracking_in(tmp_path)
+    client = MlflowClient(tracking.tracking_uri)
+    created = ensure_experiment(tracking, "towerbench-digits-tutorial")
+    assert runs_url(tracking, created).endswith(
+        f"/#/experiments/{created}/runs?workflowType=machine_learning&viewStateShareKey=towerbench"
+    )
+    view = json.loads(client.get_experiment(created).tags["mlflow.sharedViewState.towerbench"])
+    columns = [column.split("`")[1] for column in view["selectedColumns"]]
+    assert {"towers", "lr_scaling", "seed", "test_accuracy"} <= set(columns)
+    assert set(columns) <= set(TrainConfig.model_fields) | {"test_accuracy", "images_per_sec"}
+    client.set_experiment_tag(created, "mlflow.sharedViewState.towerbench", "{}")  # re-saved
+    ensure_experiment(tracking, "towerbench-digits-tutorial")
+    assert client.get_experiment(created).tags["mlflow.sharedViewState.towerbench"] == "{}"
 
 
 def test_epoch_metrics_are_logged_at_their_epoch_whatever_the_tower_count(tmp_path) -> None:

@@ -11,7 +11,6 @@ the Prefect UI cannot load files beside the report.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
 import shutil
@@ -32,7 +31,7 @@ from towerbench.tasks.report.reading import previous_benchmark, sweep_parent, sw
 from towerbench.tasks.report.render import ReportHeader, benchmark_section, render_report
 from towerbench.tasks.report.statistics import GroupRow
 from towerbench.tasks.report.verdicts import compare
-from towerbench.tasks.tracking import FLOW_TAG, SWEPT_TAG, client_for, run_url
+from towerbench.tasks.tracking import FLOW_TAG, client_for, run_url, swept_besides_axes
 
 REPORT_ARTIFACT_DIR = "report"
 FIGURE_LINK = re.compile(r"\]\(([\w.-]+\.png)\)")
@@ -52,6 +51,12 @@ def embed_figures(text: str, folder: Path) -> str:
         return f"](data:image/png;base64,{encoded})"
 
     return FIGURE_LINK.sub(inline, text)
+
+
+def report_html(text: str, title: str) -> str:
+    """The markdown report as the page MLflow's artifact viewer shows."""
+    body = markdown.markdown(text, extensions=["tables"])
+    return HTML_PAGE.format(title=title, body=body)
 
 
 def _metric_key(group: str) -> str:
@@ -80,7 +85,7 @@ def _benchmark(client: MlflowClient, parent: Run, rows: list[GroupRow]) -> str |
     previous = previous_benchmark(client, parent)
     if previous is None:
         return "No earlier finished benchmark in this experiment to compare with."
-    swept = json.loads(previous.data.tags.get(SWEPT_TAG, "[]"))
+    swept = swept_besides_axes(previous)
     before = {row.group: row for row in compare(sweep_records(client, previous), swept, None)[0]}
     same_data = previous.data.params.get("data_version") == parent.data.params.get("data_version")
     return benchmark_section(previous.info.run_id, same_data, rows, before)
@@ -105,7 +110,7 @@ def write_report(tracking: TrackingConfig, parent_run_id: str, report: ReportCon
     client = client_for(tracking)
     parent = sweep_parent(client, parent_run_id)
     records = sweep_records(client, parent)
-    swept = json.loads(parent.data.tags.get(SWEPT_TAG, "[]"))
+    swept = swept_besides_axes(parent)
     rows, target = compare(records, swept, report.target_accuracy)
     header = ReportHeader(
         title=parent.info.run_name,
@@ -121,8 +126,8 @@ def write_report(tracking: TrackingConfig, parent_run_id: str, report: ReportCon
         names = report_figures(records, folder)
         text = render_report(header, rows, records, {name: name for name in names}, benchmark)
         (folder / "report.md").write_text(text)
-        body = markdown.markdown(embed_figures(text, folder), extensions=["tables"])
-        (folder / "report.html").write_text(HTML_PAGE.format(title=header.title, body=body))
+        html = report_html(embed_figures(text, folder), header.title)
+        (folder / "report.html").write_text(html)
 
     destination = Path(report.report_dir).resolve() / parent_run_id
     _write_folder(destination, write)

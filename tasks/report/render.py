@@ -132,7 +132,7 @@ def benchmark_section(
             ]
         )
     header = ["configuration", "accuracy now", "before", "change", "images/s now / before"]
-    return "\n".join(lines) + markdown_table(header, cells)
+    return "\n".join([*lines, markdown_table(header, cells)])  # a blank line before the table
 
 
 def _heading(header: ReportHeader, rows: list[GroupRow]) -> list[str]:
@@ -143,6 +143,22 @@ def _heading(header: ReportHeader, rows: list[GroupRow]) -> list[str]:
         f"`{header.data_version}` · model: {models(rows)} · devices: "
         f"{', '.join(header.device_kinds) or 'unknown'} · time-to-accuracy target "
         f"{pct(header.target)}",
+    ]
+
+
+def _normalised(rows: list[GroupRow]) -> list[str]:
+    """Why a configuration is named other than the sweep asked (config/grid.py `canonical`)."""
+    at_reference = [
+        row.group for row in rows if row.config.global_batch == row.config.reference_batch
+    ]
+    if not at_reference:
+        return []
+    names = ", ".join(f"`{group}`" for group in at_reference)
+    return [
+        "",
+        f"{names} trained at the reference batch ({rows[0].config.reference_batch}): every LR "
+        "scaling rule gives base_lr there, so it is named lr=none warmup=0 whatever the sweep "
+        "asked.",
     ]
 
 
@@ -224,7 +240,7 @@ def render_report(
     """The whole report; `figures` maps each figure's name to its link (file or data URI)."""
     sections = [
         _heading(header, rows),
-        ["## Configurations", "", table(SETUP_COLUMNS, rows)],
+        ["## Configurations", "", table(SETUP_COLUMNS, rows), *_normalised(rows)],
         ["## Accuracy", "", table(ACCURACY_COLUMNS, rows)],
         _verdicts(rows),
         _losses(rows),
