@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-DATASET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+from towerbench.config.names import DatasetName, name_from
 
 SourceName = Literal["digits", "cifar10", "cifar100", "imagefolder"]
 
@@ -42,11 +42,11 @@ class FetchConfig(StrictModel):
     md5: str | None = Field(
         None, pattern=r"^[0-9a-fA-F]{32}$", description="Expected md5 of the archive."
     )
-    name: str | None = Field(
+    name: DatasetName | None = Field(
         None,
-        pattern=DATASET_NAME_PATTERN,
         description="Name the dataset is stored under; default: the source name, or for "
-        "imagefolder the zip's or folder's stem.",
+        "imagefolder the zip's or folder's stem made a valid name ('my photos (1).zip' -> "
+        "my-photos-1).",
     )
     classes: list[str] | None = Field(
         None, description="imagefolder class order; default: sorted folder names."
@@ -116,9 +116,7 @@ class TrainConfig(StrictModel):
     Presets (MODEL_PRESETS, DATASET_PRESETS) fill the fields the user did not give.
     """
 
-    dataset: str = Field(
-        "digits", pattern=DATASET_NAME_PATTERN, description="Preprocessed dataset name."
-    )
+    dataset: DatasetName = Field("digits", description="Preprocessed dataset name.")
     model: Literal["tutorial", "tutorial_bn", "resnet20"] = Field(
         "tutorial",
         description="Network: the tutorial's CNN (LRN), the same with BatchNorm in place of each "
@@ -264,9 +262,10 @@ class DataConfig(StrictModel):
 
 
 def dataset_name(config: FetchConfig) -> str:
-    """Where `config`'s data is stored: its name, the imagefolder's stem, or the source name."""
+    """Where `config`'s data is stored: its name, the imagefolder's stem made a valid name, or
+    the source name."""
     if config.name is not None:
         return config.name
     if config.source == "imagefolder" and config.url:
-        return PurePosixPath(config.url.rstrip("/")).stem
+        return name_from(PurePosixPath(config.url.rstrip("/")).stem)
     return config.source

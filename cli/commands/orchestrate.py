@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import typing
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from towerbench.config.params import (
 )
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.core.outcome import Status, SweepResult
+from towerbench.model.training_data import check_training_data
 
 # Prefect starts a temporary API server when none is configured; its default 20 s start-up
 # budget is too short on a busy 2-core machine.
@@ -113,6 +115,8 @@ def _result(outcome: SweepResult) -> CommandResult:
 
 def run_sweep_command(args: argparse.Namespace) -> CommandResult:
     params = sweep_run_from_args(args)
+    # Each dataset there, suiting every configuration, its shards intact: before anything starts.
+    check_training_data(expand(params.train, params.sweep), params.data.data_dir)
     _prepare_prefect(params)
     from towerbench.flows.sweep import sweep_params
 
@@ -145,7 +149,10 @@ def run_report_command(args: argparse.Namespace) -> int:
     check_servers(params.tracking.tracking_uri, prefect=False)
     from towerbench.tasks.report import write_report
 
-    print(write_report(params.tracking, args.sweep, params.report))
+    def say(note: str) -> None:  # a sweep still running: a partial report, and why
+        print(f"towerbench report: {note}", file=sys.stderr)
+
+    print(write_report(params.tracking, args.sweep, params.report, say))
     return 0
 
 

@@ -28,6 +28,7 @@ class ReportHeader:
     data_version: str
     device_kinds: list[str]
     target: float | None
+    partial: str | None = None  # why the report covers only some runs (the sweep still runs)
 
 
 def epoch_table(rows: list[GroupRow], most_rows: int = 20) -> str:
@@ -141,6 +142,7 @@ def _heading(header: ReportHeader) -> list[str]:
         f"MLflow parent run: [{header.parent_run_id}]({header.run_link}) · data version "
         f"`{header.data_version}` · devices: {', '.join(header.device_kinds) or 'unknown'} · "
         f"time-to-accuracy target {pct(header.target)}",
+        *([] if header.partial is None else ["", f"**Partial report:** {header.partial}."]),
     ]
 
 
