@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from towerbench.config.params import TrackingConfig
 from towerbench.config.sections import TrainConfig
-from towerbench.core.errors import TowerbenchError
+from towerbench.config.tracking_uri import check_store_exists
 from towerbench.core.outcome import Outcome, Status
 
 KIND_TAG = "towerbench.kind"  # "sweep" on parent runs, "config" on each configuration's run
@@ -74,13 +74,7 @@ def client_for(tracking: TrackingConfig) -> MlflowClient:
 def existing_store_client(tracking: TrackingConfig) -> MlflowClient:
     """A client of a store that holds runs already (to read a sweep back): a SQLite file that
     is not there is a one-line error, never a new empty store."""
-    uri = tracking.tracking_uri or ""
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        raise TowerbenchError(
-            f"tracking URI {uri}: no MLflow store there (the file does not exist); give the "
-            "store the sweep was tracked in (--tracking-uri, or tracking.tracking_uri in the "
-            "params file)"
-        )
+    check_store_exists(tracking.tracking_uri)
     return client_for(tracking)
 
 

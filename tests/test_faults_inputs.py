@@ -85,6 +85,10 @@ def test_a_300_character_name_is_refused_by_the_rule_not_as_an_unwritable_data_d
     message = _fails(capsys, argv, f"--name: not a valid dataset name ({NAME_RULE})")
     assert "not writable" not in message
     assert not (tmp_path / "data").exists()
+    # A folder name the file system cannot hold is said as such too.
+    long_dir = tmp_path / ("d" * 300)
+    argv = ["fetch", "digits", "--data-dir", str(long_dir)]
+    _fails(capsys, argv, "path too long for the file system")
 
 
 # Links and special files in an image folder
@@ -246,7 +250,7 @@ def test_report_on_a_store_that_does_not_exist_creates_none(tmp_path):
     outcome, completed = probe(
         tmp_path, "report", "--sweep", "0" * 32, "--tracking-uri", f"sqlite:///{store}"
     )
-    assert outcome["status"] == 2
+    assert outcome == {"status": 2, "heavy": []}
     assert completed.stderr == (
         f"towerbench report: error: tracking URI sqlite:///{store}: no MLflow store there (the "
         "file does not exist); give the store the sweep was tracked in (--tracking-uri, or "

@@ -28,6 +28,7 @@ from towerbench.config.params import (
     TrainGrid,
 )
 from towerbench.config.sections import DataConfig, TrainConfig
+from towerbench.config.tracking_uri import check_store_exists
 from towerbench.core.outcome import Status, SweepResult
 from towerbench.model.training_data import check_training_data
 
@@ -144,6 +145,7 @@ def _params_with_options(args: argparse.Namespace) -> Params:
 
 def run_report_command(args: argparse.Namespace) -> int:
     params = _params_with_options(args)
+    check_store_exists(params.tracking.tracking_uri)  # before MLflow and Prefect load
     from towerbench.tasks.preflight import check_servers
 
     check_servers(params.tracking.tracking_uri, prefect=False)
