@@ -81,11 +81,25 @@ def read_sections(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise TowerbenchError(f"{path}: no such file") from None
     except yaml.YAMLError as error:
-        raise TowerbenchError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
+        raise TowerbenchError(_yaml_problem(path, error)) from None
     if not isinstance(raw, dict):
         raise TowerbenchError(f"{path}: expected sections (fetch:, train:, ...), got {raw!r}")
     # A section with every key commented out is an empty section, not an error.
     return {name: {} if values is None else values for name, values in raw.items()}
+
+
+def _yaml_problem(path: Path, error: yaml.YAMLError) -> str:
+    """`FILE:LINE:COLUMN: not valid YAML: what (while what, from LINE:COLUMN)`, 1-based as
+    editors count."""
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return f"{path}: not valid YAML: {str(error).splitlines()[0]}"
+    mark = error.problem_mark
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}"
+    context = ""
+    if error.context and error.context_mark is not None:
+        start = error.context_mark
+        context = f" ({error.context}, from {start.line + 1}:{start.column + 1})"
+    return f"{where}: not valid YAML: {error.problem}{context}"
 
 
 def load(

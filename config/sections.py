@@ -20,8 +20,7 @@ from pydantic import (
 )
 
 from towerbench.config.model_ref import parse_model
-
-DATASET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+from towerbench.config.names import DatasetName, name_from
 
 SourceName = Literal["digits", "cifar10", "cifar100", "imagefolder"]
 
@@ -54,11 +53,11 @@ class FetchConfig(StrictModel):
     md5: str | None = Field(
         None, pattern=r"^[0-9a-fA-F]{32}$", description="Expected md5 of the archive."
     )
-    name: str | None = Field(
+    name: DatasetName | None = Field(
         None,
-        pattern=DATASET_NAME_PATTERN,
         description="Name the dataset is stored under; None: it follows the source (the "
-        "source's name, or for imagefolder the zip's or folder's stem).",
+        "source's name, or for imagefolder the zip's or folder's stem made a valid name: "
+        "'my photos (1).zip' -> my-photos-1).",
     )
     classes: list[str] | None = Field(
         None, description="imagefolder class order; default: sorted folder names."
@@ -128,9 +127,7 @@ class TrainConfig(StrictModel):
     Presets (MODEL_PRESETS, DATASET_PRESETS) fill the fields the user did not give.
     """
 
-    dataset: str = Field(
-        "digits", pattern=DATASET_NAME_PATTERN, description="Preprocessed dataset name."
-    )
+    dataset: DatasetName = Field("digits", description="Preprocessed dataset name.")
     model: str = Field(
         "tutorial",
         description="Network: tutorial (the tutorial's CNN, LRN), tutorial_bn (the same with "
@@ -299,9 +296,10 @@ class DataConfig(StrictModel):
 
 
 def dataset_name(config: FetchConfig) -> str:
-    """Where `config`'s data is stored: its name, the imagefolder's stem, or the source name."""
+    """Where `config`'s data is stored: its name, the imagefolder's stem made a valid name, or
+    the source name."""
     if config.name is not None:
         return config.name
     if config.source == "imagefolder" and config.url:
-        return PurePosixPath(config.url.rstrip("/")).stem
+        return name_from(PurePosixPath(config.url.rstrip("/")).stem)
     return config.source

@@ -37,3 +37,15 @@ def resolve_tracking(tracking: TrackingConfig, base_dir: Path | None = None) -> 
             "http://host:port)"
         )
     return tracking.model_copy(update={"tracking_uri": uri, "artifact_root": artifact_root})
+
+
+def check_store_exists(tracking_uri: str | None) -> None:
+    """For reading runs back: a SQLite store that is not there is a one-line error (MLflow would
+    create a new, empty one); other stores are left to MLflow."""
+    uri = tracking_uri or ""
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise TowerbenchError(
+            f"tracking URI {uri}: no MLflow store there (the file does not exist); give the "
+            "store the sweep was tracked in (--tracking-uri, or tracking.tracking_uri in the "
+            "params file)"
+        )

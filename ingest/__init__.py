@@ -10,7 +10,9 @@ previous version of its output, if any, as it was. A full disk is one line namin
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from towerbench.config.names import name_problem
 from towerbench.config.sections import FetchConfig, PreprocessConfig, dataset_name
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.files import replace_folder, space_errors
@@ -66,14 +68,24 @@ def fetch(config: FetchConfig, data_dir: Path) -> Path:
     return folder
 
 
-def preprocess(name: str, config: PreprocessConfig, data_dir: Path) -> Manifest:
-    """Turn the fetched DATA_DIR/raw/<name>/ into DATA_DIR/tfrecords/<name>/."""
+def fetched_record(name: str, data_dir: Path) -> dict[str, Any]:
+    """The source record of the fetched dataset `name`, or a one-line error (a name against the
+    rule, nothing fetched): what `preprocess` checks before it loads anything."""
+    problem = name_problem(name)
+    if problem is not None:
+        raise TowerbenchError(f"NAME: {problem} (got {name!r})")
     folder = raw_dir(data_dir, name)
     if not folder.is_dir():
         raise TowerbenchError(
             f"{folder}: dataset {name!r} was not fetched; run `towerbench fetch` first"
         )
-    record = read_source_record(folder)
+    return read_source_record(folder)
+
+
+def preprocess(name: str, config: PreprocessConfig, data_dir: Path) -> Manifest:
+    """Turn the fetched DATA_DIR/raw/<name>/ into DATA_DIR/tfrecords/<name>/."""
+    record = fetched_record(name, data_dir)
+    folder = raw_dir(data_dir, name)
     out_dir = dataset_dir(data_dir, name)
     ensure_writable(out_dir.parent)
     loaded = source_for(record["source"]).load(folder, record, config)

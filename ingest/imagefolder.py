@@ -3,14 +3,18 @@
 JPEG or PNG, any size, RGB or grayscale. Every image becomes one uniform shape: the size given
 by `PreprocessConfig.image_size` (square) or else the most common height x width in the folder
 (others are resized bilinearly); 1 channel if every image is grayscale, else 3 (RGB).
-Class order: the `classes` given to fetch, or sorted folder names. Hidden files and
-`__MACOSX/` are ignored; any other file out of place, unreadable or not an image is an error.
+Class order: the `classes` given to fetch, or sorted folder names. The folder needs a `train`
+and a `test` split (others are kept too). Hidden files and `__MACOSX/` are ignored; any other
+file out of place, unreadable or not an image is an error. A link is followed only to a regular
+file inside the folder (and copied as that file); any other link, and FIFOs, sockets and
+devices, are refused: nothing outside the folder is ever read.
 """
 
 from __future__ import annotations
 
 import io
-import shutil
+import os
+import stat
 import zipfile
 from collections import Counter
 from pathlib import Path, PurePosixPath
@@ -28,9 +32,51 @@ from towerbench.ingest.download import fetch_file, local_path
 
 _COPIED_FOLDER = "images"
 _FORMATS = ("JPEG", "PNG")
+# How a file of each format begins, to tell a damaged image from a file that is no image at all.
+_SIGNATURES = {"PNG": b"\x89PNG\r\n\x1a\n", "JPEG": b"\xff\xd8\xff"}
+_REQUIRED_SPLITS = ("train", "test")  # what training reads and evaluates on
 _GRAYSCALE_MODES = ("1", "L", "LA", "I", "I;16", "F")
 # <root>/<split>/<class>/<image>: an image sits three levels below the root.
 _LEVELS = 3
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+
+
+def _file_inside(root: Path, path: Path) -> Path:
+    """The regular file `path` stands for: itself, or the file a link points to inside `root`
+    (resolved); anything else is refused, naming `path`."""
+    target = path.resolve() if path.is_symlink() else path
+    if path.is_symlink() and not target.is_relative_to(root):
+        raise TowerbenchError(
+            f"{path}: a link to {target}, outside {root}: refused (copy the file in instead)"
+        )
+    try:
+        mode = target.lstat().st_mode
+    except FileNotFoundError:
+        raise TowerbenchError(f"{path}: a link to {target}, which does not exist") from None
+    if not stat.S_ISREG(mode):
+        link = f"a link to {target}, " if target != path else ""
+        raise TowerbenchError(f"{path}: {link}{_kind(mode)}: refused (only image files are read)")
+    return target
+
+
+def _read_inside(root: Path, path: Path) -> bytes:
+    """The bytes of the regular file `path` stands for in `root`, checked again as it is
+    opened (no link is followed, a FIFO is not waited on)."""
+    target = _file_inside(root, path)
+    handle = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(handle, "rb") as opened:
+        if not stat.S_ISREG(os.fstat(opened.fileno()).st_mode):
+            raise TowerbenchError(f"{path}: changed while being read: refused")
+        return opened.read()
 
 
 class _Tree:
@@ -39,9 +85,26 @@ class _Tree:
     def __init__(self, location: Path) -> None:
         self.location = location
         self._zip = zipfile.ZipFile(location) if location.is_file() else None
+        self._root = location.resolve()
 
     def describe(self, name: str) -> str:
         return f"{self.location}:{name}" if self._zip else str(self.location / name)
+
+    def _walk(self) -> tuple[list[str], set[str]]:
+        """A folder's files and folders, links checked (`_file_inside`), none followed."""
+        files, folders = [], set()
+        for top, subfolders, names in os.walk(self.location):
+            relative = Path(top).relative_to(self.location)
+            for name in sorted(subfolders):
+                link = Path(top) / name
+                if link.is_symlink() and not _ignored((relative / name).as_posix()):
+                    _file_inside(self._root, link)  # a link to a folder: refused
+            folders.update((relative / name).as_posix() for name in subfolders)
+            for name in names:
+                if not _ignored((relative / name).as_posix()):
+                    _file_inside(self._root, Path(top) / name)
+                    files.append((relative / name).as_posix())
+        return files, folders
 
     def files_and_folders(self) -> tuple[list[str], set[str]]:
         if self._zip is not None:
@@ -49,11 +112,7 @@ class _Tree:
             files = [name for name in names if not name.endswith("/")]
             folders = {name.rstrip("/") for name in names if name.endswith("/")}
         else:
-            paths = sorted(self.location.rglob("*"))
-            files = [path.relative_to(self.location).as_posix() for path in paths if path.is_file()]
-            folders = {
-                path.relative_to(self.location).as_posix() for path in paths if path.is_dir()
-            }
+            files, folders = self._walk()
         for name in files:  # Folders implied by file paths (zips may omit folder entries).
             folders.update(
                 str(parent) for parent in PurePosixPath(name).parents if str(parent) != "."
@@ -64,7 +123,7 @@ class _Tree:
         try:
             if self._zip is not None:
                 return self._zip.read(name)
-            return (self.location / name).read_bytes()
+            return _read_inside(self._root, self.location / name)
         except (OSError, zipfile.BadZipFile) as error:
             raise TowerbenchError(f"{self.describe(name)}: unreadable ({error})") from None
 
@@ -98,6 +157,13 @@ def index_images(
             continue
         if parts[-1] not in grouped.get(parts[-2], {}):
             raise TowerbenchError(f"{tree.describe(folder)}: empty class folder")
+    missing_splits = [split for split in _REQUIRED_SPLITS if split not in grouped]
+    if missing_splits:
+        raise TowerbenchError(
+            f"{tree.describe('/'.join(root_parts)) if root_parts else tree.location}: no "
+            f"{' or '.join(missing_splits)} split (found: {', '.join(sorted(grouped))}); "
+            "towerbench trains on <root>/train/<class>/ and evaluates on <root>/test/<class>/"
+        )
     found = sorted({name for per_class in grouped.values() for name in per_class})
     order = list(classes) if classes else found
     unknown = sorted(set(found) - set(order))
@@ -123,11 +189,23 @@ def index_images(
     return order, splits
 
 
+def _damaged(tree: _Tree, name: str, data: bytes, error: Exception) -> TowerbenchError:
+    """The error for an image that cannot be read: damaged when it begins like one."""
+    detail = "" if isinstance(error, UnidentifiedImageError) else f" ({error})"
+    for kind, signature in _SIGNATURES.items():
+        if data and data[: len(signature)] == signature[: len(data)]:
+            return TowerbenchError(
+                f"{tree.describe(name)}: truncated or damaged {kind} image{detail}"
+            )
+    return TowerbenchError(f"{tree.describe(name)}: not a JPEG or PNG image")
+
+
 def _open(tree: _Tree, name: str) -> Image.Image:
+    data = tree.read(name)
     try:
-        image = Image.open(io.BytesIO(tree.read(name)))
-    except (UnidentifiedImageError, OSError):
-        raise TowerbenchError(f"{tree.describe(name)}: not a JPEG or PNG image") from None
+        image = Image.open(io.BytesIO(data))
+    except (UnidentifiedImageError, OSError, SyntaxError) as error:
+        raise _damaged(tree, name, data, error) from None
     if image.format not in _FORMATS:
         raise TowerbenchError(f"{tree.describe(name)}: {image.format} image, expected JPEG or PNG")
     return image
@@ -161,25 +239,27 @@ def _decode(
                 image = image.resize((width, height), Image.Resampling.BILINEAR)
             images[position] = np.asarray(image).reshape(height, width, channels)
         except (OSError, ValueError, SyntaxError) as error:
-            raise TowerbenchError(f"{tree.describe(name)}: corrupt image ({error})") from None
+            raise TowerbenchError(
+                f"{tree.describe(name)}: truncated or damaged {image.format} image ({error})"
+            ) from None
     labels = np.array([label for _, label in entries], dtype=np.int64)
     return images, labels
 
 
-def _copy_folder(source: Path, destination: Path) -> None:
-    """Copy the tree at `source` to `destination`; a full disk stops it at the first file."""
-    needed = sum(path.stat().st_size for path in source.rglob("*") if path.is_file())
-
-    def copy_file(from_path: str, to_path: str) -> None:
-        # copytree would collect the error as text and carry on with the next file.
+def _copy_images(tree: _Tree, names: list[str], destination: Path) -> None:
+    """Copy the image files `names` of the folder `tree` (a link as the file it points to) to
+    `destination`; a full disk stops it at the first file."""
+    root = tree.location.resolve()
+    needed = sum(_file_inside(root, tree.location / name).stat().st_size for name in names)
+    for name in names:
+        target = destination / name
+        target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            shutil.copy2(from_path, to_path)
+            target.write_bytes(tree.read(name))
         except OSError as error:
             if is_no_space(error):
                 raise no_space_error(destination, needed, "the copied images") from None
             raise
-
-    shutil.copytree(source, destination, copy_function=copy_file)
 
 
 class ImageFolderSource:
@@ -193,8 +273,10 @@ class ImageFolderSource:
         if source is not None and source.is_dir():
             if config.md5 is not None:
                 raise TowerbenchError(f"--md5: {source} is a folder; md5 applies to a zip")
-            index_images(_Tree(source), config.classes)
-            _copy_folder(source, folder / _COPIED_FOLDER)
+            tree = _Tree(source)
+            _, splits = index_images(tree, config.classes)
+            names = [name for entries in splits.values() for name, _ in entries]
+            _copy_images(tree, names, folder / _COPIED_FOLDER)
             record["path"] = _COPIED_FOLDER
         else:
             zip_name = PurePosixPath(source.name if source else config.url).name

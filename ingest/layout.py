@@ -9,6 +9,7 @@ swaps it in when complete; between fetches that folder only ever holds a partial
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -71,6 +72,8 @@ def ensure_writable(folder: Path) -> Path:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
             pass
     except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:
+            raise TowerbenchError(f"{folder}: path too long for the file system") from None
         raise TowerbenchError(
             f"{folder}: data dir is not writable ({error.strerror or error})"
         ) from None

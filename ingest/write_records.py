@@ -16,7 +16,6 @@ full disk removes the temporary folder, keeps the previous version and is one li
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import shutil
 import tempfile
@@ -27,7 +26,13 @@ from typing import Any
 import numpy as np
 
 from towerbench.core.files import replace_folder, space_errors
-from towerbench.model.tfrecords import MANIFEST_NAME, Manifest, ShardFile, SplitInfo
+from towerbench.model.tfrecords import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardFile,
+    SplitInfo,
+    file_sha256,
+)
 
 # Images are summarised in chunks so mean/std never materialise a float copy of the dataset.
 _STATS_CHUNK = 4096
@@ -46,14 +51,6 @@ def _serialize(image_bytes: bytes, label: int, shape: list[int]) -> bytes:
         )
     )
     return example.SerializeToString(deterministic=True)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
@@ -107,7 +104,7 @@ def _write_split(
             raise OSError(errno.ENOSPC, error.message, str(folder / file_name)) from None
         files.append(
             ShardFile(
-                path=file_name, examples=len(shard_labels), sha256=_sha256(folder / file_name)
+                path=file_name, examples=len(shard_labels), sha256=file_sha256(folder / file_name)
             )
         )
     per_class = np.bincount(labels, minlength=num_classes).tolist()

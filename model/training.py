@@ -35,7 +35,7 @@ from towerbench.model.cluster import Cluster, broadcast_from_chief, collective_f
 from towerbench.model.devices import TowerDevices, configure_tower_devices, split_tower_devices
 from towerbench.model.records import EpochRecord, FinalMetrics, TrainResult, last_losses
 from towerbench.model.stability import diverged, instability
-from towerbench.model.training_data import load_training_data
+from towerbench.model.training_data import load_training_data, read_failure
 
 if TYPE_CHECKING:  # _set_up imports these: Keras and the graph builders load when training starts
     from towerbench.model.adascale import AdaScaleSchedule, ScaleInvariantBudget
@@ -61,7 +61,8 @@ def train(
     on_progress: ProgressCallback | None = None,
 ) -> TrainResult:
     """Train `config` on DATA_DIR/tfrecords/<dataset>; resume from `checkpoint_dir` if it holds
-    a checkpoint of the same configuration."""
+    a checkpoint of the same configuration. A shard that cannot be read (damaged or deleted
+    while training) is a TowerbenchError naming it."""
     cluster = _cluster(config)
     try:
         run = _set_up(config, Path(data_dir), checkpoint_dir, cluster)
@@ -74,7 +75,8 @@ def train(
                 on_epoch(record)
         return _finish(run)
     except Exception as error:
-        failure = collective_failure(error, cluster)
+        # A shard damaged or deleted while training, then a worker lost: one line each.
+        failure = read_failure(error, config, Path(data_dir)) or collective_failure(error, cluster)
         if failure is None:
             raise
         raise failure from None

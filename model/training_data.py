@@ -1,8 +1,11 @@
 """The preprocessed dataset a training run reads, refused with a one-line message naming the
-option when it cannot serve the run's settings. Reading it runs no TensorFlow op."""
+option when it cannot serve the run's settings, or naming the shard that is damaged or gone.
+Checking it runs no TensorFlow op; a shard that fails while training is named by `read_failure`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,3 +55,67 @@ def load_training_data(
     manifest = load_manifest(folder)
     check_config_against_data(config, manifest)
     return manifest, split_files(folder, manifest, "train"), split_files(folder, manifest, "test")
+
+
+def check_training_data(configs: Iterable[TrainConfig], data_dir: Path) -> None:
+    """What a run checks before it starts (before TensorFlow loads): each configuration's
+    dataset is there and suits it, and every shard has its manifest's sha256 (each dataset is
+    hashed once)."""
+    from towerbench.model.tfrecords import dataset_dir, verify_shards
+
+    verified: set[str] = set()
+    for config in configs:
+        manifest, _, _ = load_training_data(config, data_dir)
+        if config.dataset not in verified:
+            verify_shards(dataset_dir(data_dir, config.dataset), manifest)
+            verified.add(config.dataset)
+
+
+def _tensorflow_detail(error: Exception) -> str:
+    """`corrupted record at 19924` from TensorFlow's message (without the op and function)."""
+    text = " ".join(str(getattr(error, "message", error)).split())
+    text = text.split("}} ", 1)[-1]  # "{{function_node ...}} corrupted record at 19924 [Op:..."
+    return text.split(" [Op:", 1)[0][:200]
+
+
+def _unreadable_shard(folder: Path, manifest: Manifest) -> Path | None:
+    """The first shard TensorFlow cannot read to its end (its sha256 may still match: damaged
+    before preprocessing hashed it), or None."""
+    import tensorflow as tf
+
+    for split in manifest.splits.values():
+        for shard in split.files:
+            try:
+                for _ in tf.data.TFRecordDataset(str(folder / shard.path)):
+                    pass
+            except tf.errors.DataLossError:
+                return folder / shard.path
+    return None
+
+
+def read_failure(error: Exception, config: TrainConfig, data_dir: Path) -> TowerbenchError | None:
+    """The one-line error for TensorFlow failing to read the dataset while training (a shard
+    damaged: DataLossError; deleted or moved: NotFoundError), naming the shard; None for any
+    other error."""
+    import tensorflow as tf
+
+    from towerbench.model.tfrecords import dataset_dir, load_manifest, shard_error, shard_problem
+
+    if not isinstance(error, tf.errors.DataLossError | tf.errors.NotFoundError):
+        return None
+    folder = dataset_dir(data_dir, config.dataset)
+    detail = _tensorflow_detail(error)
+    try:
+        manifest = load_manifest(folder)
+    except TowerbenchError as gone:  # the whole folder went away
+        return TowerbenchError(f"{gone} (while training: {detail})")
+    problem = shard_problem(folder, manifest)
+    if problem is not None:
+        path, what = problem
+        return shard_error(path, f"{what} (while training: {detail})", config.dataset)
+    if not isinstance(error, tf.errors.DataLossError):
+        return None  # a file that is not one of the dataset's
+    damaged = _unreadable_shard(folder, manifest)
+    if damaged is not None:
+        return shard_error(damaged, f"is damaged ({detail})", config.dataset)
+    return TowerbenchError(f"{folder}: a TFRecord shard could not be read ({detail})")

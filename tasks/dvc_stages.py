@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from towerbench.config.sections import DataConfig, FetchConfig, PreprocessConfig, dataset_name
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.files import write_atomically
+from towerbench.model.tfrecords import load_manifest, verify_shards
 
 FETCH_STAGE = "fetch"
 PREPROCESS_STAGE = "preprocess"
@@ -184,7 +185,31 @@ def data_version(folder: Path) -> str:
         ) from None
 
 
+def _damaged_output(stages: DataStages) -> str | None:
+    """Why the TFRecords the preprocess stage made differ from their manifest (a shard missing,
+    or with another sha256), or None."""
+    lock = yaml.safe_load((stages.folder / "dvc.lock").read_text())
+    folder = stages.folder / lock["stages"][PREPROCESS_STAGE]["outs"][0]["path"]
+    try:
+        verify_shards(folder, load_manifest(folder))
+    except TowerbenchError as error:
+        return str(error)
+    return None
+
+
 def update_dataset(stages: DataStages) -> str:
-    """Fetch and preprocess through DVC; return the data version (see data_version)."""
+    """Fetch and preprocess through DVC; return the data version (see data_version).
+
+    The TFRecords are then checked against their manifest's digests: DVC takes a file whose size
+    and modification time are unchanged for unchanged, so a shard damaged in place behind its
+    back is rebuilt here, once; damage that remains is a StageError naming the shard.
+    """
     repro_stage(stages, PREPROCESS_STAGE)
+    if _damaged_output(stages) is not None:
+        run_dvc(
+            stages.project, "repro", "--force", "--single-item", stages.target(PREPROCESS_STAGE)
+        )
+        problem = _damaged_output(stages)
+        if problem is not None:
+            raise StageError(problem)
     return data_version(stages.folder)

@@ -1,8 +1,10 @@
 """Before any training: do the MLflow tracking server and the Prefect API answer?
 
 Hours into a sweep is the worst time to learn that a server is down, so the sweep, pipeline and
-report commands ask first, each server for at most `WAIT_SECONDS`. Any HTTP answer below 500
-counts: a 401 is a server asking for the credentials that MLflow or Prefect will send.
+report commands ask first, each server for at most `WAIT_SECONDS`. The tracking URI must answer
+a call of MLflow's REST API (one experiment searched) with JSON, or with 401/403: a server asking
+for the credentials MLflow will send. Another web server at that address is refused. For the
+Prefect API any HTTP answer below 500 counts.
 """
 
 from __future__ import annotations
@@ -34,21 +36,52 @@ def bound_mlflow_http() -> None:
         os.environ.setdefault(name, value)
 
 
-def _why_not_answering(url: str) -> str | None:
-    """None once `url` answers (below HTTP 500) within WAIT_SECONDS, else the last failure."""
+# One call of MLflow's REST API that every tracking server answers, cheaply.
+MLFLOW_PROBE = "/api/2.0/mlflow/experiments/search?max_results=1"
+CREDENTIALS_ASKED = (401, 403)
+
+
+def _answer(url: str) -> httpx.Response | str:
+    """`url`'s first answer below HTTP 500 within WAIT_SECONDS, else the last failure."""
     deadline = time.monotonic() + WAIT_SECONDS
     while True:
         timeout = max(min(TRY_SECONDS, deadline - time.monotonic()), 0.1)
         try:
             response = httpx.get(url, timeout=timeout)
             if response.status_code < 500:
-                return None
+                return response
             problem = f"HTTP {response.status_code}"
         except httpx.HTTPError as error:
             problem = str(error) or type(error).__name__
         if time.monotonic() + PAUSE_SECONDS >= deadline:
             return problem
         time.sleep(PAUSE_SECONDS)
+
+
+def _speaks_mlflow(response: httpx.Response) -> bool:
+    """An MLflow server's answer to MLFLOW_PROBE: a JSON object, or a request for credentials."""
+    if response.status_code in CREDENTIALS_ASKED:
+        return True
+    try:
+        return response.status_code == 200 and isinstance(response.json(), dict)
+    except ValueError:
+        return False
+
+
+def _check_tracking_server(tracking_uri: str) -> None:
+    answer = _answer(tracking_uri.rstrip("/") + MLFLOW_PROBE)
+    if isinstance(answer, str):
+        raise TowerbenchError(
+            f"tracking URI {tracking_uri}: the MLflow tracking server does not answer "
+            f"({answer}); start it, or track into a local sqlite:/// store"
+        )
+    if not _speaks_mlflow(answer):
+        kind = answer.headers.get("content-type", "no content type").split(";")[0]
+        raise TowerbenchError(
+            f"tracking URI {tracking_uri}: a web server answers, but not MLflow's REST API "
+            f"(GET {MLFLOW_PROBE.split('?')[0]}: HTTP {answer.status_code}, {kind}); give the "
+            "address of an MLflow tracking server (`towerbench tracking serve`, `mlflow server`)"
+        )
 
 
 def _prefect_api_url() -> str | None:
@@ -61,20 +94,16 @@ def _prefect_api_url() -> str | None:
 
 def check_servers(tracking_uri: str | None, prefect: bool = True) -> None:
     """One-line TowerbenchError naming the first server that does not answer: the MLflow
-    tracking server (when `tracking_uri` is http(s)), then the Prefect API (when `prefect` and
-    one is configured). Also bounds MLflow's HTTP retries for the rest of the command."""
+    tracking server (when `tracking_uri` is http(s); another kind of web server there is
+    refused too), then the Prefect API (when `prefect` and one is configured). Also bounds
+    MLflow's HTTP retries for the rest of the command."""
     bound_mlflow_http()
     if tracking_uri and tracking_uri.startswith(("http://", "https://")):
-        problem = _why_not_answering(f"{tracking_uri.rstrip('/')}/health")
-        if problem is not None:
-            raise TowerbenchError(
-                f"tracking URI {tracking_uri}: the MLflow tracking server does not answer "
-                f"({problem}); start it, or track into a local sqlite:/// store"
-            )
+        _check_tracking_server(tracking_uri)
     api_url = _prefect_api_url() if prefect else None
     if api_url:
-        problem = _why_not_answering(f"{api_url.rstrip('/')}/health")
-        if problem is not None:
+        problem = _answer(f"{api_url.rstrip('/')}/health")
+        if isinstance(problem, str):
             raise TowerbenchError(
                 f"PREFECT_API_URL {api_url}: the Prefect API does not answer ({problem}); "
                 "start it (`prefect server start`), or unset PREFECT_API_URL to use a "

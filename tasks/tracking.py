@@ -23,6 +23,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 from towerbench.config.model_ref import model_label, provenance
 from towerbench.config.params import SWEEP_AXES, TrackingConfig
 from towerbench.config.sections import TrainConfig
+from towerbench.config.tracking_uri import check_store_exists
 from towerbench.core.outcome import Outcome, Status
 from towerbench.model.tfrecords import MANIFEST_NAME, dataset_dir, load_manifest
 
@@ -89,6 +90,13 @@ def ensure_store(tracking_uri: str) -> None:
 def client_for(tracking: TrackingConfig) -> MlflowClient:
     ensure_store(tracking.tracking_uri or "")
     return MlflowClient(tracking_uri=tracking.tracking_uri)
+
+
+def existing_store_client(tracking: TrackingConfig) -> MlflowClient:
+    """A client of a store that holds runs already (to read a sweep back): a SQLite file that
+    is not there is a one-line error, never a new empty store."""
+    check_store_exists(tracking.tracking_uri)
+    return client_for(tracking)
 
 
 def experiment_name(tracking: TrackingConfig, config: TrainConfig) -> str:

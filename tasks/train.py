@@ -26,7 +26,7 @@ from towerbench.config.params import TrackingConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Outcome, Status
 from towerbench.core.processes import stop
-from towerbench.model.tfrecords import dataset_dir, load_manifest
+from towerbench.model.training_data import check_training_data
 from towerbench.tasks.fork_server import TrainingProcess
 from towerbench.tasks.local_cluster import last_error, run_local_cluster
 from towerbench.tasks.tracking import mark_failed, mark_killed
@@ -155,8 +155,8 @@ def train_configuration(
             fraction = min(max(epoch / epochs, 0.0), 1.0)
             update_progress_artifact(progress_artifact, start + (end - start) * fraction)
 
-    try:  # a dataset that is not there fails at once, without starting a process
-        load_manifest(dataset_dir(request.data_dir, request.config.dataset))
+    try:  # a dataset that is not there, or damaged, fails at once without starting a process
+        check_training_data([request.config], request.data_dir)
     except TowerbenchError as error:
         mark_failed(tracking, request.run_id, str(error), "")
         raise TrainingFailed(f"{name}: {error}") from None

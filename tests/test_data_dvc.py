@@ -3,6 +3,7 @@ and the content hash `update_dataset` returns as the data version."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -84,3 +85,19 @@ def test_repro_status_push_pull_and_content_hash(repo):
     # The same name with other settings would overwrite params.yaml's data: refused by field.
     with pytest.raises(TowerbenchError, match=r"preprocess.shards: 3 in the form, 2 in params"):
         data_stages(repo, FetchConfig(name="digits"), other, repo / "data")
+
+
+def test_a_shard_damaged_behind_dvcs_back_is_rebuilt_at_preprocess(repo):
+    """DVC takes a file of unchanged size and modification time for unchanged: the digests in
+    the manifest find the damage, and preprocessing rebuilds it to the same version."""
+    version = update_dataset(DataStages(repo, repo))
+    shard = sorted((repo / "data" / "tfrecords" / "digits").glob("train-*.tfrecord"))[1]
+    good, seen = shard.read_bytes(), shard.stat()
+    damaged = bytearray(good)
+    damaged[len(damaged) // 2] ^= 0xFF
+    shard.write_bytes(bytes(damaged))
+    os.utime(shard, ns=(seen.st_atime_ns, seen.st_mtime_ns))
+    assert "up to date" in run_dvc(repo, "status").stdout  # DVC does not see it
+
+    assert update_dataset(DataStages(repo, repo)) == version
+    assert shard.read_bytes() == good

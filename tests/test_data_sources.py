@@ -333,7 +333,9 @@ def test_corrupt_image_is_named_and_nothing_written(tmp_path, capsys):
         main(["fetch", "imagefolder", "--url", str(tmp_path / "pets"), "--data-dir", str(data)])
         == 0
     )
-    _fails(capsys, ["preprocess", "pets", "--data-dir", str(data)], "1.jpg", "corrupt")
+    _fails(
+        capsys, ["preprocess", "pets", "--data-dir", str(data)], "1.jpg: truncated or damaged JPEG"
+    )
     assert not (data / "tfrecords" / "pets").exists()
     assert [p.name for p in (data / "tfrecords").iterdir()] == []
 

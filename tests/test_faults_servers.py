@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import fixtures_model
+import httpx
 import pytest
 from fixtures_data import http_server
 from mlflow.environment_variables import (
@@ -19,7 +21,12 @@ from mlflow.environment_variables import (
 )
 
 from towerbench.core.errors import TowerbenchError
-from towerbench.tasks.preflight import MLFLOW_HTTP_DEFAULTS, bound_mlflow_http, check_servers
+from towerbench.tasks.preflight import (
+    MLFLOW_HTTP_DEFAULTS,
+    MLFLOW_PROBE,
+    bound_mlflow_http,
+    check_servers,
+)
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
@@ -36,6 +43,7 @@ def _dead_url() -> str:
 
 def _sweep(tmp_path: Path, *options: str, **environment: str) -> tuple[int, list[str], float]:
     """`towerbench sweep` of one tiny digits run, as a user starts it; (status, stderr, seconds)."""
+    fixtures_model.write_digits(tmp_path / "data", train=240, test=80)  # checked before servers
     argv = [
         sys.executable,
         "-m",
@@ -67,7 +75,7 @@ def test_dead_tracking_server_stops_the_sweep_in_one_line_within_15s(tmp_path):
     assert len(errors) == 1 and errors[0].startswith("towerbench sweep: error: "), errors
     assert dead in errors[0] and "MLflow tracking server does not answer" in errors[0]
     assert seconds < LIMIT_SECONDS
-    assert not (tmp_path / "data").exists()  # nothing was started
+    assert not (tmp_path / "data" / "checkpoints").exists()  # nothing was started
 
 
 def test_dead_prefect_api_stops_the_sweep_in_one_line_within_15s(tmp_path):
@@ -81,12 +89,39 @@ def test_dead_prefect_api_stops_the_sweep_in_one_line_within_15s(tmp_path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def test_servers_that_answer_pass_and_a_failing_one_is_named(monkeypatch):
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    with http_server({"/health": b"OK", "/api/health": b"true"}) as (url, _):
-        monkeypatch.setenv("PREFECT_API_URL", f"{url}/api")
-        check_servers(url)  # both answer
-        check_servers(f"{url}/needs-login")  # a 404 is still a server answering
+# MLflow's own tracking server application (its REST API on a SQLite store) on a free port.
+MLFLOW_APP = """
+import os, sys
+os.environ["_MLFLOW_SERVER_FILE_STORE"] = sys.argv[1]
+os.environ["_MLFLOW_SERVER_ARTIFACT_ROOT"] = sys.argv[2]
+from mlflow.server import app
+from werkzeug.serving import make_server
+server = make_server("127.0.0.1", 0, app, threaded=True)
+print(server.server_port, flush=True)
+server.serve_forever()
+"""
+
+
+def test_servers_that_answer_pass_and_a_failing_one_is_named(tmp_path, monkeypatch):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    app = subprocess.Popen(
+        [sys.executable, "-c", MLFLOW_APP, store, str(tmp_path / "artifacts")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        mlflow_url = f"http://127.0.0.1:{app.stdout.readline().strip()}"
+        httpx.get(mlflow_url + MLFLOW_PROBE, timeout=120)  # its tables are made on first use
+        monkeypatch.delenv("PREFECT_API_URL", raising=False)
+        with http_server({"/health": b"OK", "/api/health": b"true"}) as (url, _):
+            monkeypatch.setenv("PREFECT_API_URL", f"{url}/api")
+            check_servers(mlflow_url)  # both answer, MLflow as MLflow
+            with pytest.raises(TowerbenchError, match="a web server answers, but not MLflow's"):
+                check_servers(url)  # answers /health, but not MLflow's REST API (404)
+    finally:
+        app.kill()
+        app.wait()
     with pytest.raises(TowerbenchError, match="tracking URI http://127.0.0.1:.*does not answer"):
         check_servers(_dead_url(), prefect=False)
     check_servers("sqlite:///nowhere/mlflow.db", prefect=False)  # a local store: nothing to ask

@@ -49,6 +49,25 @@ def write_tiny_digits(data_dir: Path) -> None:
     fixtures_model.write_digits(data_dir, train=240, test=80, name="tiny")
 
 
+DAMAGED_SHARD = "train-00000-of-00002.tfrecord"
+
+
+def write_damaged_digits(data_dir: Path) -> None:
+    """`tiny` again as dataset `damaged`, one byte of a record of DAMAGED_SHARD flipped before
+    its digest was taken: the checks at the start pass, and training fails reading it."""
+    fixtures_model.write_digits(data_dir, train=240, test=80, name="damaged")
+    folder = dataset_dir(data_dir, "damaged")
+    shard = folder / DAMAGED_SHARD
+    damaged = bytearray(shard.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    shard.write_bytes(bytes(damaged))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for entry in manifest["splits"]["train"]["files"]:
+        if entry["path"] == DAMAGED_SHARD:
+            entry["sha256"] = hashlib.sha256(damaged).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
 # Paths relative to the file's folder; the command runs from another folder.
 PARAMS = """\
 data: {data_dir: data}
@@ -74,17 +93,18 @@ COMMAND_SAYING_ITS_IMPORTS = (
 def finished_sweep(prefect_api_url, tmp_path_factory):
     """`towerbench sweep --params FILE --json` as a user runs it, in its own process, against
     the test's Prefect server (whose artifacts a test reads afterwards): towers 1 and 2 on the
-    tiny set and on a dataset that does not exist (those runs fail). Returns the JSON summary,
-    the tracking settings, the folder and stderr."""
+    tiny set and on a copy with a shard damaged (those runs fail while training). Returns the
+    JSON summary, the tracking settings, the folder and stderr."""
     root = tmp_path_factory.mktemp("sweep")
     write_tiny_digits(root / "data")
+    write_damaged_digits(root / "data")
     (root / "params.yaml").write_text(PARAMS)
     training = [
         f"--{key.replace('_', '-')}={'none' if value is None else value}"
         for key, value in TINY_TRAINING.items()
         if key != "dataset"
     ]
-    options = ["--dataset=absent,tiny", "--towers=1,2", "--seeds=0", "--lr-scaling=linear"]
+    options = ["--dataset=damaged,tiny", "--towers=1,2", "--seeds=0", "--lr-scaling=linear"]
     options += ["--warmup-epochs=0", "--per-tower-batch=32", *training]
     completed = subprocess.run(
         [sys.executable, "-c", COMMAND_SAYING_ITS_IMPORTS, "sweep"]
@@ -132,21 +152,23 @@ def test_sweep_records_parent_and_one_nested_run_per_configuration(finished_swee
     assert sorted(names) == sorted(
         f"towers={towers} agg=mean lr={rule} warmup=0 dataset={dataset} seed=0"
         for towers, rule in ((1, "none"), (2, "linear"))
-        for dataset in ("absent", "tiny")
+        for dataset in ("damaged", "tiny")
     )
     for run in children:
         assert run.data.tags["towerbench.kind"] == "config"
         assert set(TrainConfig.model_fields) <= set(run.data.params)
 
-    # The missing dataset failed with its reason; the sweep went on to train the others.
+    # The damaged shard failed its runs in one line naming it; the sweep went on.
     for towers in (1, 2):
         failed = names[
             f"towers={towers} agg=mean lr={'none' if towers == 1 else 'linear'} "
-            "warmup=0 dataset=absent seed=0"
+            "warmup=0 dataset=damaged seed=0"
         ]
         assert failed.info.status == "FAILED"
         assert failed.data.tags["towerbench.status"] == "failed"
-        assert "absent" in failed.data.tags["towerbench.error"]
+        error = failed.data.tags["towerbench.error"]
+        assert f"{DAMAGED_SHARD}: TFRecord shard is damaged (corrupted record" in error
+        assert "\n" not in error and "Traceback" not in error
     # The --json line: one entry per configuration, with the documented keys.
     assert set(outcome) == {"parent_run_id", "configs", "report"}
     statuses = sorted((c["towers"], c["seed"], c["status"]) for c in outcome["configs"])

@@ -39,12 +39,13 @@ def _fetch(args: argparse.Namespace) -> int:
 
 def _preprocess(args: argparse.Namespace) -> int:
     params = _params(args, PreprocessConfig, [])
-    import_tensorflow()
     from towerbench.config.sections import dataset_name
-    from towerbench.ingest import preprocess
+    from towerbench.ingest import fetched_record, preprocess
     from towerbench.model.tfrecords import dataset_dir
 
     name = args.dataset or dataset_name(params.fetch)
+    fetched_record(name, params.data.data_dir)  # its errors before TensorFlow loads
+    import_tensorflow()
     manifest = preprocess(name, params.preprocess, params.data.data_dir)
     counts = ", ".join(f"{split} {info.examples}" for split, info in manifest.splits.items())
     print(f"preprocessed {name!r} ({counts}) into {dataset_dir(params.data.data_dir, name)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import typing
 from pathlib import Path
 
@@ -27,7 +28,9 @@ from towerbench.config.params import (
     TrainGrid,
 )
 from towerbench.config.sections import DataConfig, TrainConfig
+from towerbench.config.tracking_uri import check_store_exists
 from towerbench.core.outcome import Status, SweepResult
+from towerbench.model.training_data import check_training_data
 from towerbench.tasks.dvc_stages import check_dvc_project
 
 # Prefect starts a temporary API server when none is configured; its default 20 s start-up
@@ -114,6 +117,8 @@ def _result(outcome: SweepResult) -> CommandResult:
 
 def run_sweep_command(args: argparse.Namespace) -> CommandResult:
     params = sweep_run_from_args(args)
+    # Each dataset there, suiting every configuration, its shards intact: before anything starts.
+    check_training_data(expand(params.train, params.sweep), params.data.data_dir)
     prepare_prefect(params)
     from towerbench.flows.sweep import sweep_params
 
@@ -142,12 +147,16 @@ def _params_with_options(args: argparse.Namespace) -> Params:
 
 def run_report_command(args: argparse.Namespace) -> int:
     params = _params_with_options(args)
+    check_store_exists(params.tracking.tracking_uri)  # before MLflow and Prefect load
     from towerbench.tasks.preflight import check_servers
 
     check_servers(params.tracking.tracking_uri, prefect=False)
     from towerbench.tasks.report import write_report
 
-    print(write_report(params.tracking, args.sweep, params.report))
+    def say(note: str) -> None:  # a sweep still running: a partial report, and why
+        print(f"towerbench report: {note}", file=sys.stderr)
+
+    print(write_report(params.tracking, args.sweep, params.report, say))
     return 0
 
 

@@ -21,7 +21,7 @@ from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.core.outcome import Status
 from towerbench.model.cluster import TF_CONFIG, Cluster
 from towerbench.model.records import EpochRecord
-from towerbench.model.training_data import load_training_data
+from towerbench.model.training_data import check_training_data
 from towerbench.tasks.local_cluster import run_local_cluster
 
 # What gradcheck takes from the training configuration: the network, the towers, one batch.
@@ -143,8 +143,9 @@ def run_train(args: argparse.Namespace) -> CommandResult:
     overrides = _train_overrides(args) + overrides_from_args(DataConfig, args)
     params = load(args.params, overrides, resolve_tracking=False)
     config = params.train
+    # The data's errors, damaged shards too, before TensorFlow loads and N processes start.
+    check_training_data([config], params.data.data_dir)
     if config.workers > 1 and not os.environ.get(TF_CONFIG):
-        load_training_data(config, params.data.data_dir)  # its errors before N processes start
         return _run_local_cluster(args, config.workers)
     print(_describe_config(config), flush=True)
     import_tensorflow()

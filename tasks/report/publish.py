@@ -16,6 +16,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import markdown
@@ -27,13 +28,24 @@ from prefect.cache_policies import NO_CACHE
 
 from towerbench.config.params import ReportConfig, TrackingConfig
 from towerbench.tasks.report.figures import report_figures
-from towerbench.tasks.report.reading import previous_benchmark, sweep_parent, sweep_records
+from towerbench.tasks.report.reading import (
+    previous_benchmark,
+    running_note,
+    sweep_parent,
+    sweep_records,
+)
 from towerbench.tasks.report.render import ReportHeader, benchmark_section, render_report
 from towerbench.tasks.report.statistics import GroupRow
 from towerbench.tasks.report.verdicts import compare
-from towerbench.tasks.tracking import FLOW_TAG, client_for, run_url, swept_besides_axes
+from towerbench.tasks.tracking import (
+    FLOW_TAG,
+    existing_store_client,
+    run_url,
+    swept_besides_axes,
+)
 
 REPORT_ARTIFACT_DIR = "report"
+Say = Callable[[str], None]
 FIGURE_LINK = re.compile(r"\]\(([\w.-]+\.png)\)")
 HTML_PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>{title}</title>
@@ -105,10 +117,19 @@ def _write_folder(destination: Path, write) -> None:
         raise
 
 
-def write_report(tracking: TrackingConfig, parent_run_id: str, report: ReportConfig) -> Path:
-    """Compute, write and log the report of a sweep; returns the markdown file's path."""
-    client = client_for(tracking)
+def write_report(
+    tracking: TrackingConfig, parent_run_id: str, report: ReportConfig, say: Say | None = None
+) -> Path:
+    """Compute, write and log the report of a sweep; returns the markdown file's path.
+
+    Called from outside the sweep (`towerbench report`, with `say`), a sweep still running
+    gives a partial report marked as such, and `say` is told why.
+    """
+    client = existing_store_client(tracking)
     parent = sweep_parent(client, parent_run_id)
+    partial = running_note(client, parent) if say is not None else None
+    if partial is not None:
+        say(partial)
     records = sweep_records(client, parent)
     swept = swept_besides_axes(parent)
     rows, target = compare(records, swept, report.target_accuracy)
@@ -119,6 +140,7 @@ def write_report(tracking: TrackingConfig, parent_run_id: str, report: ReportCon
         data_version=parent.data.params.get("data_version", "unknown"),
         device_kinds=sorted({record.device_kind for record in records if record.device_kind}),
         target=target,
+        partial=partial,
     )
     benchmark = _benchmark(client, parent, rows)
 

@@ -125,3 +125,16 @@ def previous_benchmark(client: MlflowClient, parent: Run) -> Run | None:
         max_results=1,
     )
     return runs[0] if runs else None
+
+
+def running_note(client: MlflowClient, parent: Run) -> str | None:
+    """What to say of a sweep whose parent run is still RUNNING (a sweep in progress, or one
+    killed outright before it could close its run); None once it ended."""
+    if parent.info.status != "RUNNING":
+        return None
+    ended = sum(record.status != Status.RUNNING for record in sweep_records(client, parent))
+    return (
+        f"sweep {parent.info.run_id} is still running (or was killed before it could say it "
+        f"stopped): this report covers the {ended} run(s) ended so far; run `towerbench report` "
+        "again when the sweep ends (it writes the full report itself)"
+    )

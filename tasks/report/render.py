@@ -29,6 +29,7 @@ class ReportHeader:
     data_version: str
     device_kinds: list[str]
     target: float | None
+    partial: str | None = None  # why the report covers only some runs (the sweep still runs)
 
 
 def epoch_table(rows: list[GroupRow], most_rows: int = 20) -> str:
@@ -143,6 +144,7 @@ def _heading(header: ReportHeader, rows: list[GroupRow]) -> list[str]:
         f"`{header.data_version}` · model: {models(rows)} · devices: "
         f"{', '.join(header.device_kinds) or 'unknown'} · time-to-accuracy target "
         f"{pct(header.target)}",
+        *([] if header.partial is None else ["", f"**Partial report:** {header.partial}."]),
     ]
 
 
