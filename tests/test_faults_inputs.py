@@ -66,7 +66,7 @@ def test_fetch_stores_a_zip_with_spaces_under_a_valid_name_train_accepts(tmp_pat
         (["fetch", "imagefolder", "--url", "x.zip", "--name", "my photos"], "--name: "),
         (["preprocess", "my photos"], "NAME: "),
         (["train", "--dataset", "my photos"], "--dataset: "),
-        (["sweep", "--dataset", "tiny,my photos"], "is invalid: dataset: "),  # one run of several
+        (["sweep", "--dataset", "tiny,my photos"], "--dataset[1]: "),  # the list item, named
     ],
 )
 def test_one_rule_and_one_message_wherever_a_name_is_taken(tmp_path, capsys, argv, where):
