@@ -149,12 +149,17 @@ def _failure(row: GroupRow, rows: list[GroupRow]) -> str | None:
     if diverged:
         lr = diverged[0].effective_lr
         lr_text = f" at LR {lr:g}" if lr is not None else ""
-        advice = _advice(
-            "lower the peak LR (sqrt scaling) or lengthen the warmup",
-            row,
-            rows,
-            lambda c: c.lr_scaling == "sqrt" or c.warmup_epochs > config.warmup_epochs,
-        )
+        if config.lr_scaling == "adascale":  # whose schedule has no warmup
+            advice = _advice(
+                "lower the peak LR (sqrt scaling)", row, rows, lambda c: c.lr_scaling == "sqrt"
+            )
+        else:
+            advice = _advice(
+                "lower the peak LR (sqrt scaling) or lengthen the warmup",
+                row,
+                rows,
+                lambda c: c.lr_scaling == "sqrt" or c.warmup_epochs > config.warmup_epochs,
+            )
         return (
             f"diverged in {len(diverged)}/{len(row.runs)} seeds{lr_text} (global batch "
             f"{config.global_batch}): {advice}"
