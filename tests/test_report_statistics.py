@@ -216,8 +216,14 @@ def test_an_unstable_configuration_is_named_and_its_noise_scale_not_used() -> No
     row = {row.group: row for row in rows}["towers=4 lr=linear"]
     assert row.verdict.startswith(f"unstable in 2/2 seeds ({reason}): LR 0.4 is too high")
     assert "try sqrt scaling (untested here)" in row.verdict
+    assert "adascale (its LR follows the gain the gradients allow) (untested here)" in row.verdict
     assert "fewer updates" not in row.verdict
     assert row.noise_scale is None and not row.notes
+    adascale = [_adascale_run(seed, acc) for seed, acc in enumerate([0.984, 0.987])]
+    rows, _ = compare(baseline + collapsed + adascale, [], None)
+    verdict = {row.group: row for row in rows}["towers=4 lr=linear"].verdict
+    assert "adascale (its LR follows the gain the gradients allow) (measured: " in verdict
+    assert "`towers=4 lr=adascale` +0.0 pp, p=1.00)" in verdict
 
 
 def _adascale_run(seed: int, accuracy: float):

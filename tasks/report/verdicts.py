@@ -125,6 +125,15 @@ def _unstable(row: GroupRow, rows: list[GroupRow], unstable: list[RunRecord]) ->
     lr_text = f"LR {lr:g}" if lr is not None else "the LR"
     config = row.config
     remedies = [_advice("try sqrt scaling", row, rows, lambda c: c.lr_scaling == "sqrt")]
+    if config.lr_scaling in ("linear", "sqrt"):
+        remedies.append(
+            _advice(
+                "adascale (its LR follows the gain the gradients allow)",
+                row,
+                rows,
+                lambda c: c.lr_scaling == "adascale",
+            )
+        )
     if config.lr_scaling != "adascale":  # whose schedule has no warmup
         remedies.append(
             _advice("a longer warmup", row, rows, lambda c: c.warmup_epochs > config.warmup_epochs)
