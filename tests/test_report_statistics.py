@@ -331,3 +331,18 @@ def test_rendered_tables_fit_a_page_and_figures_can_be_embedded() -> None:
     assert "The verdicts use its harmonic mean" in text
     assert "![accuracy_vs_epoch.png](data:image/png;base64,AA)" in text
     assert "](accuracy_vs_epoch.png)" not in text
+
+
+def test_the_noise_figure_is_drawn_when_a_run_measured_the_noise_scale(tmp_path) -> None:
+    from towerbench.tasks.report.figures import _positive, report_figures
+
+    one = _record(1, "none", 0, 0.9)
+    # An unstable run's first epoch: |G|^2 averaged below 0, a negative noise scale.
+    curve = ([1.0, 2.0, 3.0], [-3700.0, 900.0, 12.0])
+    four = _record(4, "linear", 0, 0.9, noise_curves={"noise_scale": curve})
+    assert _positive(curve) == ([2.0, 3.0], [900.0, 12.0])  # what the log scale can show
+    (tmp_path / "both").mkdir()
+    assert "noise_scale_vs_epoch.png" in report_figures([one, four], tmp_path / "both")
+    assert (tmp_path / "both" / "noise_scale_vs_epoch.png").stat().st_size > 0
+    (tmp_path / "one").mkdir()
+    assert "noise_scale_vs_epoch.png" not in report_figures([one], tmp_path / "one")

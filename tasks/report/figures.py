@@ -74,19 +74,25 @@ def _loss_figure(records, colours, folder: Path, name: str) -> str:
     return _save(figure, folder, name)
 
 
+def _positive(curve: tuple[list[float], list[float]]) -> tuple[list[float], list[float]]:
+    """The points of `curve` with a positive value (a noise scale that is not is noise
+    dominated, left out as model.noise_advice leaves it out)."""
+    points = [(x, y) for x, y in zip(*curve, strict=True) if y > 0]
+    return [x for x, _ in points], [y for _, y in points]
+
+
 def _noise_figure(records, colours, folder: Path, name: str) -> str | None:
-    """The noise scale per epoch (log scale) and, with adascale runs, their gain per epoch side
-    by side; None when no run measured a noise scale (1 tower only)."""
+    """The noise scale per epoch (its positive values, log scale) and, with adascale runs, their
+    gain per epoch, side by side; None when no run measured a noise scale (1 tower only)."""
     measured = [record for record in records if "noise_scale" in record.noise_curves]
     if not measured:
         return None
     adascale = [record for record in records if "adascale_gain" in record.noise_curves]
     figure, axes = plt.subplots(1, 2 if adascale else 1, figsize=(11 if adascale else 7, 4.5))
     noise_axis = axes[0] if adascale else axes
-    _plot_lines(noise_axis, measured, colours, lambda r: r.noise_curves["noise_scale"])
+    _plot_lines(noise_axis, measured, colours, lambda r: _positive(r.noise_curves["noise_scale"]))
     noise_axis.set(ylabel="noise scale B_noise", title="Gradient noise scale (last ~100 steps)")
-    if all(value > 0 for record in measured for value in record.noise_curves["noise_scale"][1]):
-        noise_axis.set_yscale("log")
+    noise_axis.set_yscale("log")
     panels = [noise_axis]
     if adascale:
         gain_axis = axes[1]
