@@ -97,7 +97,8 @@ class FinalMetrics:
     epochs: float = field(metadata=_METRIC)
     global_batch: int
     per_tower_batch: int = field(metadata=_param())
-    effective_lr: float = field(metadata=_param())  # the peak LR after scaling
+    # The peak LR after scaling; adascale: base LR x the run's mean gain tau / updates.
+    effective_lr: float = field(metadata=_param())
     device_kind: str = field(metadata=_param())
     device_names: list[str] = field(metadata=_param())
     # The config's `parameter_device` param is the choice; this is the device it resolved to.

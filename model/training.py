@@ -21,7 +21,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -320,7 +320,16 @@ def _progress(run: _Run) -> dict[str, float]:
         "lr": float(lr),
         **run.trainer.read_metrics(),
         "images_per_sec": run.clock.epoch_rate(),
+        **_adascale_metrics(run),
     }
+
+
+def _adascale_metrics(run: _Run) -> dict[str, float]:
+    """Under adascale: the gain, sigma^2, |mu|^2 and tau (model.adascale.AdaScaleState)."""
+    if run.trainer.adascale is None:
+        return {}
+    state = run.trainer.adascale.read()
+    return {f"adascale_{name}": value for name, value in asdict(state).items()}
 
 
 def _epoch_record(run: _Run) -> EpochRecord:
@@ -333,16 +342,7 @@ def _epoch_record(run: _Run) -> EpochRecord:
     run.trainer.reset_metrics()
     tested = _test_metrics(run) if _evaluation_due(run) else {}
     noise_scale = run.trainer.noise.value() if run.devices.replicas > 1 else None
-    adascale = {}
-    if run.trainer.adascale is not None:
-        state = run.trainer.adascale.read()
-        adascale = {
-            "adascale_gain": state.gain,
-            "adascale_sigma_sq": state.sigma_sq,
-            "adascale_mu_sq": state.mu_sq,
-            "adascale_tau": state.tau,
-        }
-    return EpochRecord(**trained, **tested, noise_scale=noise_scale, **adascale)
+    return EpochRecord(**trained, **tested, noise_scale=noise_scale)
 
 
 def _evaluation_due(run: _Run) -> bool:
@@ -381,6 +381,15 @@ def _finish(run: _Run) -> TrainResult:
     )
 
 
+def _effective_lr(run: _Run) -> float:
+    """The peak LR after scaling. Under adascale the gain changes every step: the base LR times
+    the run's mean gain tau / updates, the LR a fixed rule would need to make the same progress
+    in as many updates."""
+    if run.trainer.adascale is None or run.step == 0:
+        return run.schedule.peak_lr
+    return run.schedule.peak_lr * run.trainer.adascale.read().tau / run.step
+
+
 def _final_metrics(run: _Run, confusion: np.ndarray) -> FinalMetrics:
     """Final accuracies, steady-state speed, where the run ran, its last losses and stability."""
     from towerbench.model.evaluation import accuracy
@@ -402,7 +411,7 @@ def _final_metrics(run: _Run, confusion: np.ndarray) -> FinalMetrics:
         epochs=run.history[-1].epoch if run.history else 0.0,
         global_batch=config.global_batch,
         per_tower_batch=config.global_batch // config.replicas,
-        effective_lr=run.schedule.peak_lr,
+        effective_lr=_effective_lr(run),
         device_kind=devices.kind,
         device_names=list(devices.devices),
         parameter_device=devices.parameter_device,

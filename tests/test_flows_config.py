@@ -82,11 +82,14 @@ def test_params_file_unknown_key_and_wrong_type_name_file_and_key(tmp_path) -> N
 def test_project_params_build_the_default_pipeline_with_absolute_locations() -> None:
     params = load(ROOT / "params.yaml")
     runs = expand(params.train, params.sweep)
-    assert sorted((run.towers, run.seed) for run in runs) == [
-        (towers, seed) for towers in (1, 2, 4) for seed in (0, 1)
+    # `make run`: beside linear scaling at 4 towers (unstable in one seed) the remedy its verdicts
+    # advise, adascale at the same towers and batch; six runs, two seeds each.
+    assert sorted((run.towers, run.lr_scaling, run.seed) for run in runs) == [
+        (towers, rule, seed)
+        for towers, rule in ((1, "none"), (4, "adascale"), (4, "linear"))
+        for seed in (0, 1)
     ]
-    assert {run.aggregation for run in runs} == {"mean"}
-    assert {run.lr_scaling for run in runs if run.towers > 1} == {"linear"}
+    assert {run.aggregation for run in runs} == {"mean"} and params.train.epochs == 8
     assert params.data.data_dir.is_absolute() and params.report.report_dir.is_absolute()
     assert params.benchmark.cron.split()[1:] == ["3", "*", "*", "*"]  # nightly
     nightly = params.benchmark_params()  # the same sweep, patched
@@ -94,6 +97,7 @@ def test_project_params_build_the_default_pipeline_with_absolute_locations() -> 
         (1, 6),
         (2, 6),
     }
+    assert {run.lr_scaling for run in expand(nightly.train, nightly.sweep)} == {"none", "linear"}
     assert nightly.train.base_lr == params.train.base_lr
 
 

@@ -278,10 +278,11 @@ def test_report_file_mlflow_copy_and_report_command(finished_sweep) -> None:
         "accuracy_vs_epoch.png",
         "accuracy_vs_time.png",
         "loss_vs_epoch.png",
+        "noise_scale_vs_epoch.png",  # the 2-tower runs measured it
     }
     assert "![loss_vs_epoch.png](loss_vs_epoch.png)" in text  # files beside the markdown
     html = (report.parent / "report.html").read_text()
-    assert "<table>" in html and html.count('src="data:image/png;base64,') == 3
+    assert "<table>" in html and html.count('src="data:image/png;base64,') == 4
     client = MlflowClient(tracking.tracking_uri)
     logged = {item.path for item in client.list_artifacts(outcome["parent_run_id"], "report")}
     assert {"report/report.md", "report/report.html"} <= logged

@@ -2,12 +2,14 @@
 tau reaches the reference batch's updates and resume exactly; the configuration's rules."""
 
 import math
+import re
 
 import fixtures_model
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from towerbench.cli.main import main
 from towerbench.config.grid import canonical, with_budget
 from towerbench.config.sections import TrainConfig
 from towerbench.model import training
@@ -63,6 +65,9 @@ def test_four_towers_end_when_tau_reaches_the_reference_updates_and_resume_exact
     assert all(1.0 <= gain <= 4.0 for gain in gains)
     assert last.adascale_sigma_sq > 0 and last.adascale_mu_sq > 0
     assert straight.final.test_accuracy > 0.5  # chance is 0.1
+    # Its LR: the base LR times the mean gain over the run, tau / updates.
+    mean_gain = last.adascale_tau / straight.final.steps
+    assert straight.final.effective_lr == pytest.approx(config.base_lr * mean_gain)
 
     def kill_at(step):
         def progress(metrics):
@@ -97,3 +102,21 @@ def test_adascale_runs_are_not_stretched_and_have_no_warmup():
     assert canonical(config).warmup_epochs == 0
     linear = with_budget(config.model_copy(update={"lr_scaling": "linear"}).model_dump(), "updates")
     assert math.isclose(linear["epochs"], 40)
+
+
+@pytest.mark.slow
+def test_cli_train_shows_the_gain_and_tau_each_epoch(data_dir, capsys):
+    code = main(
+        [
+            *("train", "--dataset", "digits", "--towers", "2", "--global-batch", "32"),
+            *("--reference-batch", "16", "--lr-scaling", "adascale", "--epochs", "1"),
+            *("--data-dir", str(data_dir)),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    epoch_lines = [line for line in out.splitlines() if line.startswith("epoch ")]
+    assert epoch_lines and all(
+        re.search(r"  gain [12]\.\d\d  tau \d+$", line) for line in epoch_lines
+    )
+    assert re.search(r"LR [\d.]+ \(base LR 0\.05 x mean gain\)", out)

@@ -9,6 +9,7 @@ import pytest
 from scipy import stats
 
 from towerbench.config.sections import TrainConfig
+from towerbench.model.noise_advice import advising_noise_scale, epochs_needed
 from towerbench.tasks.report.columns import models
 from towerbench.tasks.report.render import loss_paradox
 from towerbench.tasks.report.statistics import (
@@ -70,9 +71,27 @@ def test_time_to_target_is_the_first_evaluation_reaching_it() -> None:
 
 def test_scaling_efficiency_and_noise_scale_note() -> None:
     assert scaling_efficiency(300.0, 100.0, 4) == pytest.approx(0.75)
-    assert "far above" in noise_scale_note(1024, 300.0)
-    assert "well below" in noise_scale_note(64, 300.0)
-    assert noise_scale_note(64, None) is None
+    assert "far above" in noise_scale_note(1024, 300.0, 128)
+    assert "well below" in noise_scale_note(64, 300.0, 32)
+    assert noise_scale_note(64, None, 32) is None
+    # (1 + 1024/300) / (1 + 128/300) = 4.413 / 1.427
+    assert "the same progress needs ≈ 3.09× the epochs of batch 128" in noise_scale_note(
+        1024, 300.0, 128
+    )
+
+
+# A cure-bn-like noise scale per epoch: it grows as the loss falls, to 9228 with the LR at 0.
+GROWING_NOISE = [150.0, 300.0, 600.0, 1200.0, 9228.0]
+
+
+def test_the_advising_noise_scale_is_the_harmonic_mean_over_the_epochs() -> None:
+    harmonic = 5 / sum(1 / value for value in GROWING_NOISE)
+    assert advising_noise_scale(GROWING_NOISE) == pytest.approx(harmonic)
+    assert harmonic == pytest.approx(396.6, abs=0.1)  # not the final 9228
+    # Values not measured (None, NaN) or not positive (noise dominated) are left out.
+    assert advising_noise_scale([None, math.nan, -5.0, 100.0, 300.0]) == pytest.approx(150.0)
+    assert advising_noise_scale([None, math.nan]) is None
+    assert epochs_needed(396.6, 128, 512) == pytest.approx((1 + 512 / 396.6) / (1 + 128 / 396.6))
 
 
 def _record(
@@ -85,6 +104,9 @@ def _record(
     epochs: float = 10,
     unstable: str | None = None,
     losses: dict[str, float] | None = None,
+    noise_scale: float = 200.0,
+    noise_curves: dict[str, tuple[list[float], list[float]]] | None = None,
+    steps: float | None = None,
 ):
     config = TrainConfig(
         towers=towers,
@@ -105,12 +127,14 @@ def _record(
         final_accuracy=accuracy if status == "completed" else None,
         images_per_sec=1000.0 if towers == 1 else 500.0 * towers,  # half of linear
         effective_lr=0.1 * towers if lr_scaling == "linear" else 0.1,
-        noise_scale=200.0,
+        noise_scale=noise_scale,
         device_kind="logical CPU",
         curve=Curve([1.0, 2.0], [seconds / 2, seconds], [accuracy - 0.1, accuracy]),
         error="boom" if status == "failed" else None,
         unstable=unstable,
         losses=losses or {},
+        noise_curves=noise_curves or {},
+        steps=steps,
     )
 
 
@@ -135,7 +159,7 @@ def test_compare_rows_verdicts_and_speedup() -> None:
     # Time to the target (reached at the last point): 25 s with 4 towers, 100 s with one.
     assert unscaled_row.speedup == pytest.approx(4.0)
     assert unscaled_row.efficiency == pytest.approx(0.5)
-    assert any("far above the measured noise scale" in note for note in unscaled_row.notes)
+    assert any("far above the noise scale ≈ 200" in note for note in unscaled_row.notes)
     assert by_group["towers=2 lr=linear"].verdict == "failed: boom"
 
 
@@ -193,8 +217,80 @@ def test_an_unstable_configuration_is_named_and_its_noise_scale_not_used() -> No
     row = {row.group: row for row in rows}["towers=4 lr=linear"]
     assert row.verdict.startswith(f"unstable in 2/2 seeds ({reason}): LR 0.4 is too high")
     assert "try sqrt scaling (untested here)" in row.verdict
+    assert "adascale (its LR follows the gain the gradients allow) (untested here)" in row.verdict
     assert "fewer updates" not in row.verdict
     assert row.noise_scale is None and not row.notes
+    adascale = [_adascale_run(seed, acc) for seed, acc in enumerate([0.984, 0.987])]
+    rows, _ = compare(baseline + collapsed + adascale, [], None)
+    verdict = {row.group: row for row in rows}["towers=4 lr=linear"].verdict
+    assert "adascale (its LR follows the gain the gradients allow) (measured: " in verdict
+    assert "`towers=4 lr=adascale` +0.0 pp, p=1.00)" in verdict
+
+
+def _adascale_run(seed: int, accuracy: float):
+    """4 towers under adascale: tau reached 1000 in 400 updates (mean gain 2.5 of 4)."""
+    epochs = [1.0, 2.0]
+    curves = {
+        "adascale_gain": (epochs, [2.0, 2.4]),
+        "adascale_sigma_sq": (epochs, [0.6, 0.5]),
+        "adascale_mu_sq": (epochs, [0.02, 0.01]),
+        "adascale_tau": (epochs, [400.0, 1000.0]),
+    }
+    return _record(4, "adascale", seed, accuracy, noise_curves=curves, steps=400.0)
+
+
+def test_adascale_is_at_equal_progress_with_one_tower_and_counts_as_equal_updates() -> None:
+    """AdaScale's budget is 1 tower's updates in progress tau: its verdict does not call it
+    "fewer updates" nor advise warmup, and it is the measured evidence for equal updates."""
+    baseline = [_record(1, "none", seed, acc) for seed, acc in enumerate([0.86, 0.862])]
+    adascale = [_adascale_run(seed, acc) for seed, acc in enumerate([0.84, 0.841])]
+    linear = [_record(4, "linear", seed, acc) for seed, acc in enumerate([0.80, 0.801])]
+    rows, _ = compare(baseline + adascale + linear, [], None)
+    by_group = {row.group: row for row in rows}
+    row = by_group["towers=4 lr=adascale"]
+    assert row.adascale.mean_gain == pytest.approx(2.5) and row.adascale.last_gain == 2.4
+    assert row.verdict.startswith("-2.0 pp (p=0.010)")
+    assert (
+        "at equal scale-invariant progress with 1 tower (tau 1000 in 400 updates: mean gain "
+        "2.50 of 4)" in row.verdict
+    )
+    assert "compare a fixed rule at equal optimizer updates (untested here)" in row.verdict
+    assert "fewer updates" not in row.verdict and "warmup" not in row.verdict
+    diverged = _record(4, "adascale", 1, 0.1, status="diverged")
+    rows, _ = compare([*baseline, adascale[0], diverged], [], None)
+    verdict = {row.group: row for row in rows}["towers=4 lr=adascale"].verdict
+    assert verdict.startswith("diverged in 1/2 seeds") and "warmup" not in verdict
+    assert row.notes[-1].endswith("its budget is already 1 tower's updates")
+    # The linear run at equal epochs needs (1 + 512/200) / (1 + 128/200) = 2.17x the epochs.
+    note = by_group["towers=4 lr=linear"].notes[-1]
+    assert "needs ≈ 2.17× the epochs of batch 128: train for equal updates" in note
+    assert "(measured: `towers=4 lr=adascale` -2.0 pp" in note
+
+    equal_updates = [
+        _record(4, "linear", seed, acc, epochs=40) for seed, acc in enumerate([0.85, 0.851])
+    ]
+    rows, _ = compare(baseline + adascale + linear + equal_updates, [], None)
+    verdict = {row.group: row for row in rows}["towers=4 lr=adascale"].verdict
+    assert "compare a fixed rule at equal optimizer updates (measured: " in verdict
+    assert "`towers=4 lr=linear epochs=40` -1.0 pp" in verdict
+
+
+def test_the_note_advises_from_the_harmonic_mean_not_the_final_noise_scale() -> None:
+    """cure-bn's case: the final 9228 says batch 512 pays off linearly; the harmonic mean over
+    the epochs (397) says it needs 1.73x the epochs, so equal epochs are not enough."""
+    baseline = [_record(1, "none", seed, acc) for seed, acc in enumerate([0.86, 0.862])]
+    advising = advising_noise_scale(GROWING_NOISE)
+    scaled = [
+        _record(4, "linear", seed, acc, warmup_epochs=2, noise_scale=advising)
+        for seed, acc in enumerate([0.85, 0.87])
+    ]
+    rows, _ = compare(baseline + scaled, [], None)
+    row = {row.group: row for row in rows}["towers=4 lr=linear"]
+    assert row.notes == [
+        "global batch 512 is near the noise scale ≈ 397 (harmonic mean over training); the same "
+        "progress needs ≈ 1.73× the epochs of batch 128: train for equal updates (or equal "
+        "progress tau: adascale) (untested here)"
+    ]
 
 
 def test_loss_paradox_is_explained_from_the_measured_losses() -> None:
@@ -221,6 +317,7 @@ def test_rendered_tables_fit_a_page_and_figures_can_be_embedded() -> None:
 
     records = [_record(1, "none", s, a) for s, a in enumerate([0.86, 0.862])]
     records += [_record(4, "linear", s, a) for s, a in enumerate([0.85, 0.87])]
+    records += [_adascale_run(s, a) for s, a in enumerate([0.85, 0.87])]
     rows, target = compare(records, [], None)
     header = ReportHeader(
         "sweep", "run-id", "http://mlflow/#/run-id", "v1", ["logical CPU"], target
@@ -229,7 +326,10 @@ def test_rendered_tables_fit_a_page_and_figures_can_be_embedded() -> None:
         header, rows, records, {"accuracy_vs_epoch.png": "data:image/png;base64,AA"}
     )
     table_headers = [line for line in text.splitlines() if line.startswith("| configuration |")]
-    assert len(table_headers) == 4 and all(line.count("|") <= 7 for line in table_headers)
+    assert len(table_headers) == 6 and all(line.count("|") <= 7 for line in table_headers)
+    assert "| towers=4 lr=linear | 200 | — | 2.17× |" in text  # no final value given
+    assert "| towers=4 lr=adascale | 2.50 · 2.40 | 0.5 | 0.01 | 1000 / 400 |" in text
+    assert "The verdicts use its harmonic mean" in text
     assert "![accuracy_vs_epoch.png](data:image/png;base64,AA)" in text
     assert "](accuracy_vs_epoch.png)" not in text
 
@@ -243,3 +343,18 @@ def test_the_report_names_a_user_model_by_function_and_file_digest() -> None:
     assert models(rows) == "tiny:build (sha256 aaaaaaaaaaaa, bbbbbbbbbbbb)"
     builtin, _ = compare([_record(1, "none", 0, 0.8)], [], None)
     assert models(builtin) == "tutorial"
+
+
+def test_the_noise_figure_is_drawn_when_a_run_measured_the_noise_scale(tmp_path) -> None:
+    from towerbench.tasks.report.figures import _positive, report_figures
+
+    one = _record(1, "none", 0, 0.9)
+    # An unstable run's first epoch: |G|^2 averaged below 0, a negative noise scale.
+    curve = ([1.0, 2.0, 3.0], [-3700.0, 900.0, 12.0])
+    four = _record(4, "linear", 0, 0.9, noise_curves={"noise_scale": curve})
+    assert _positive(curve) == ([2.0, 3.0], [900.0, 12.0])  # what the log scale can show
+    (tmp_path / "both").mkdir()
+    assert "noise_scale_vs_epoch.png" in report_figures([one, four], tmp_path / "both")
+    assert (tmp_path / "both" / "noise_scale_vs_epoch.png").stat().st_size > 0
+    (tmp_path / "one").mkdir()
+    assert "noise_scale_vs_epoch.png" not in report_figures([one], tmp_path / "one")

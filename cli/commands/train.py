@@ -74,6 +74,11 @@ def _describe_config(config: TrainConfig) -> str:
     return "\n".join(lines)
 
 
+def _adascale_text(gain: float | None, tau: float | None) -> str:
+    """`  gain 3.42  tau 540` under lr_scaling adascale (tau in reference steps), else empty."""
+    return "" if gain is None or tau is None else f"  gain {gain:.2f}  tau {tau:.0f}"
+
+
 class _Progress:
     """Epoch lines always; a live line rewritten in place when stdout is a terminal."""
 
@@ -86,7 +91,8 @@ class _Progress:
             self.stream.write(
                 f"\r  epoch {metrics['epoch']:6.2f}  step {int(metrics['step']):6d}  "
                 f"loss {metrics['total_loss']:.4f}  train acc {metrics['train_accuracy']:.3f}  "
-                f"{metrics['images_per_sec']:8.0f} img/s  lr {metrics['lr']:.4g}   "
+                f"{metrics['images_per_sec']:8.0f} img/s  lr {metrics['lr']:.4g}"
+                f"{_adascale_text(metrics.get('adascale_gain'), metrics.get('adascale_tau'))}   "
             )
             self.stream.flush()
 
@@ -106,7 +112,8 @@ class _Progress:
             f"cross-entropy {record.cross_entropy:.4f}  weight decay "
             f"{record.weight_decay_loss:.4f}  total {record.total_loss:.4f}  "
             f"train acc {record.train_accuracy:.4f}{tested}  "
-            f"{record.images_per_sec:.0f} img/s  lr {record.lr:.4g}{noise_text}",
+            f"{record.images_per_sec:.0f} img/s  lr {record.lr:.4g}{noise_text}"
+            f"{_adascale_text(record.adascale_gain, record.adascale_tau)}",
             file=self.stream,
             flush=True,
         )
@@ -139,6 +146,12 @@ def _run_local_cluster(args: argparse.Namespace, workers: int) -> CommandResult:
     return CommandResult(outcome.status, document)
 
 
+def _lr_text(config: TrainConfig, effective_lr: float) -> str:
+    if config.lr_scaling == "adascale":
+        return f"LR {effective_lr:.4g} (base LR {config.base_lr:g} x mean gain)"
+    return f"peak LR {effective_lr:.4g}"
+
+
 def run_train(args: argparse.Namespace) -> CommandResult:
     overrides = _train_overrides(args) + overrides_from_args(DataConfig, args)
     params = load(args.params, overrides, resolve_tracking=False)
@@ -163,7 +176,7 @@ def run_train(args: argparse.Namespace) -> CommandResult:
         f"{final.images_per_sec:.0f} images/s; {config.towers} tower(s){across} on "
         f"{final.device_kind} devices {', '.join(final.device_names)}, variables on "
         f"{final.parameter_device}; global batch {final.global_batch}, "
-        f"peak LR {final.effective_lr:.4g}; {final.wall_time:.1f} s",
+        f"{_lr_text(config, final.effective_lr)}; {final.wall_time:.1f} s",
         flush=True,
     )
     summary = {

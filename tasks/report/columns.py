@@ -9,6 +9,7 @@ from collections.abc import Callable
 from towerbench.config.model_ref import model_label
 from towerbench.core.markdown import markdown_table
 from towerbench.core.outcome import Status
+from towerbench.model.noise_advice import epochs_needed
 from towerbench.tasks.report.statistics import GroupRow
 
 Column = tuple[str, Callable[[GroupRow], str]]
@@ -73,6 +74,27 @@ def _noise_scale(row: GroupRow) -> str:
     )
 
 
+def _epochs_needed(row: GroupRow) -> str:
+    if row.noise_scale is None:
+        return "—"
+    config = row.config
+    return f"{epochs_needed(row.noise_scale, config.reference_batch, config.global_batch):.2f}×"
+
+
+def _gains(row: GroupRow) -> str:
+    adascale = row.adascale
+    return "—" if adascale is None else f"{adascale.mean_gain:.2f} · {adascale.last_gain:.2f}"
+
+
+def _tau(row: GroupRow) -> str:
+    adascale = row.adascale
+    return "—" if adascale is None else f"{adascale.tau:.0f} / {adascale.updates:.0f}"
+
+
+def _adascale_value(name: str) -> Callable[[GroupRow], str]:
+    return lambda row: "—" if row.adascale is None else f"{getattr(row.adascale, name):.3g}"
+
+
 def _loss(key: str) -> Callable[[GroupRow], str]:
     return lambda row: number(row.losses.get(key), ".3f")
 
@@ -124,8 +146,23 @@ def speed_columns(target: float | None) -> list[Column]:
         ("speedup", lambda row: number(row.speedup, ".2f")),
         ("images/s", lambda row: number(row.images_per_sec, ".0f")),
         ("scaling eff.", lambda row: number(row.efficiency, ".2f")),
-        ("noise scale", _noise_scale),
     ]
+
+
+NOISE_COLUMNS: list[Column] = [
+    ("configuration", lambda row: row.group),
+    ("noise scale (advises)", _noise_scale),
+    ("final noise scale", lambda row: number(row.final_noise_scale, ".0f")),
+    ("epochs for equal progress", _epochs_needed),
+]
+
+ADASCALE_COLUMNS: list[Column] = [
+    ("configuration", lambda row: row.group),
+    ("gain: mean · last", _gains),
+    ("σ² (batch b0)", _adascale_value("sigma_sq")),
+    ("‖μ‖²", _adascale_value("mu_sq")),
+    ("τ / updates", _tau),
+]
 
 
 def table(columns: list[Column], rows: list[GroupRow]) -> str:

@@ -1,4 +1,5 @@
-"""The report's figures: test accuracy against epochs and wall time, losses against epochs.
+"""The report's figures: test accuracy against epochs and wall time, losses and the gradient noise
+scale (with AdaScale's gain) against epochs.
 
 One colour per configuration, one line style per seed; epochs on integer ticks.
 """
@@ -73,13 +74,48 @@ def _loss_figure(records, colours, folder: Path, name: str) -> str:
     return _save(figure, folder, name)
 
 
+def _positive(curve: tuple[list[float], list[float]]) -> tuple[list[float], list[float]]:
+    """The points of `curve` with a positive value (a noise scale that is not is noise
+    dominated, left out as model.noise_advice leaves it out)."""
+    points = [(x, y) for x, y in zip(*curve, strict=True) if y > 0]
+    return [x for x, _ in points], [y for _, y in points]
+
+
+def _noise_figure(records, colours, folder: Path, name: str) -> str | None:
+    """The noise scale per epoch (its positive values, log scale) and, with adascale runs, their
+    gain per epoch, side by side; None when no run measured a noise scale (1 tower only)."""
+    measured = [record for record in records if "noise_scale" in record.noise_curves]
+    if not measured:
+        return None
+    adascale = [record for record in records if "adascale_gain" in record.noise_curves]
+    figure, axes = plt.subplots(1, 2 if adascale else 1, figsize=(11 if adascale else 7, 4.5))
+    noise_axis = axes[0] if adascale else axes
+    _plot_lines(noise_axis, measured, colours, lambda r: _positive(r.noise_curves["noise_scale"]))
+    noise_axis.set(ylabel="noise scale B_noise", title="Gradient noise scale (last ~100 steps)")
+    noise_axis.set_yscale("log")
+    panels = [noise_axis]
+    if adascale:
+        gain_axis = axes[1]
+        _plot_lines(gain_axis, adascale, colours, lambda r: r.noise_curves["adascale_gain"])
+        gain_axis.set(ylabel="gain r", title="AdaScale gain")
+        panels.append(gain_axis)
+    for axis in panels:
+        axis.set(xlabel="epoch")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize="small")
+    return _save(figure, folder, name)
+
+
 def report_figures(records: list[RunRecord], folder: Path) -> list[str]:
     """Write the figures into `folder`; returns their file names."""
     colours = _colours(records)
-    return [
+    names = [
         _accuracy_figure(records, colours, "epochs", "epoch", folder, "accuracy_vs_epoch.png"),
         _accuracy_figure(
             records, colours, "wall_times", "wall time (s)", folder, "accuracy_vs_time.png"
         ),
         _loss_figure(records, colours, folder, "loss_vs_epoch.png"),
+        _noise_figure(records, colours, folder, "noise_scale_vs_epoch.png"),
     ]
+    return [name for name in names if name is not None]

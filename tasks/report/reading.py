@@ -9,8 +9,9 @@ from mlflow.tracking import MlflowClient
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Status
+from towerbench.model.noise_advice import advising_noise_scale
 from towerbench.model.records import LOSS_METRICS
-from towerbench.tasks.report.statistics import Curve, RunRecord
+from towerbench.tasks.report.statistics import ADASCALE_METRICS, Curve, EpochCurve, RunRecord
 from towerbench.tasks.tracking import (
     CONFIG_TAG,
     ERROR_TAG,
@@ -33,9 +34,11 @@ def _by_epoch(epochs: dict[int, float], values: dict[int, float]) -> tuple[list,
     return [epochs[step] for step in steps], [values[step] for step in steps]
 
 
-def _curves(client: MlflowClient, run_id: str) -> tuple[Curve, dict[str, tuple[list, list]]]:
-    """Test accuracy per evaluation (with its epoch and wall time), and the training and test
-    cross-entropy per epoch."""
+def _curves(
+    client: MlflowClient, run_id: str
+) -> tuple[Curve, dict[str, EpochCurve], dict[str, EpochCurve]]:
+    """Test accuracy per evaluation (with its epoch and wall time), the training and test
+    cross-entropy per epoch, and the noise scale and AdaScale's values per epoch (those logged)."""
     epochs = _history(client, run_id, "epoch")
     accuracy = _history(client, run_id, "test_accuracy")
     wall = _history(client, run_id, "wall_time")
@@ -49,7 +52,11 @@ def _curves(client: MlflowClient, run_id: str) -> tuple[Curve, dict[str, tuple[l
         "train": _by_epoch(epochs, _history(client, run_id, "cross_entropy")),
         "test": _by_epoch(epochs, _history(client, run_id, "test_cross_entropy")),
     }
-    return curve, losses
+    noise = {key: _by_epoch(epochs, _history(client, run_id, key)) for key in NOISE_METRICS}
+    return curve, losses, {key: values for key, values in noise.items() if values[0]}
+
+
+NOISE_METRICS = ("noise_scale", *ADASCALE_METRICS)
 
 
 def _float(value: str | float | None) -> float | None:
@@ -66,7 +73,7 @@ def _untagged_status(run: Run) -> Status:
 
 def run_record(client: MlflowClient, run: Run) -> RunRecord:
     tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
-    curve, loss_curves = _curves(client, run.info.run_id)
+    curve, loss_curves, noise_curves = _curves(client, run.info.run_id)
     return RunRecord(
         run_id=run.info.run_id,
         name=run.info.run_name,
@@ -76,7 +83,8 @@ def run_record(client: MlflowClient, run: Run) -> RunRecord:
         final_accuracy=metrics.get("test_accuracy"),
         images_per_sec=metrics.get("images_per_sec"),
         effective_lr=_float(params.get("effective_lr")),
-        noise_scale=metrics.get("noise_scale"),
+        noise_scale=advising_noise_scale(noise_curves.get("noise_scale", ([], []))[1]),
+        final_noise_scale=metrics.get("noise_scale"),
         device_kind=params.get("device_kind"),
         model_digest=params.get("model_digest"),
         curve=curve,
@@ -85,6 +93,7 @@ def run_record(client: MlflowClient, run: Run) -> RunRecord:
         steps=metrics.get("steps"),
         losses={key: metrics[key] for key in LOSS_METRICS if key in metrics},
         loss_curves=loss_curves,
+        noise_curves=noise_curves,
     )
 
 

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from towerbench.core.markdown import markdown_table
 from towerbench.tasks.report.columns import (
     ACCURACY_COLUMNS,
+    ADASCALE_COLUMNS,
     LOSS_COLUMNS,
+    NOISE_COLUMNS,
     SETUP_COLUMNS,
     models,
     number,
@@ -193,13 +195,42 @@ def _losses(rows: list[GroupRow]) -> list[str]:
 
 
 def _speed(header: ReportHeader, rows: list[GroupRow]) -> list[str]:
-    lines = ["## Speed and gradient noise", "", table(speed_columns(header.target), rows)]
+    lines = ["## Speed", "", table(speed_columns(header.target), rows)]
     if any("logical" in kind for kind in header.device_kinds):
         lines += [
             "",
             "Towers ran on logical devices split from one physical device: they share its cores, "
             "so images/s, speedup and scaling efficiency measure tower overhead, not scaling.",
         ]
+    return lines
+
+
+NOISE_TEXT = (
+    "The gradient noise scale B_noise = tr(Σ) / ‖G‖² (McCandlish et al. 2018) is measured from "
+    "the towers' own gradients, averaged over about the last 100 steps; the figure "
+    "`noise_scale_vs_epoch.png` shows it per epoch. It grows as the loss falls, so its final "
+    "value understates what a large batch costs early on. The verdicts use its harmonic mean "
+    "over the epochs: reaching a loss at batch B takes 1 + B / B_noise times the fewest "
+    "examples, and added up over training that is 1 + B / (harmonic mean), which the small early "
+    "values dominate. From it, the epochs batch B needs for the reference batch's progress: "
+    "(1 + B / B_noise) / (1 + b0 / B_noise); above 1.25×, equal epochs fall short and the "
+    "verdicts advise equal updates."
+)
+ADASCALE_TEXT = (
+    "AdaScale (`lr=adascale`, Johnson et al. 2020) multiplies each step's LR by its gain "
+    "r = (σ² + ‖μ‖²) / (σ²/S + ‖μ‖²) and ends when its progress τ (the sum of the gains) reaches "
+    "1 tower's updates: such a run is at equal scale-invariant progress with 1 tower, in fewer "
+    "optimizer updates. Mean gain = τ / updates; the last epoch's gain, σ² (the gradient "
+    "variance at the reference batch b0) and ‖μ‖² are moving averages over about 1000 / towers "
+    "steps. Its peak LR in the configurations table is the base LR × the mean gain."
+)
+
+
+def _noise(rows: list[GroupRow]) -> list[str]:
+    lines = ["## Gradient noise", "", NOISE_TEXT, "", table(NOISE_COLUMNS, rows)]
+    adascale = [row for row in rows if row.adascale is not None]
+    if adascale:
+        lines += ["", ADASCALE_TEXT, "", table(ADASCALE_COLUMNS, adascale)]
     return lines
 
 
@@ -247,6 +278,7 @@ def render_report(
         _verdicts(rows),
         _losses(rows),
         _speed(header, rows),
+        _noise(rows),
         _per_epoch(rows, figures),
     ]
     if benchmark is not None:

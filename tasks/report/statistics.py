@@ -87,9 +87,16 @@ def scaling_efficiency(images_per_sec: float, baseline_images_per_sec: float, to
     return images_per_sec / (towers * baseline_images_per_sec)
 
 
+# The per-epoch metrics of lr_scaling adascale (model.records.EpochRecord).
+ADASCALE_METRICS = ("adascale_gain", "adascale_sigma_sq", "adascale_mu_sq", "adascale_tau")
+
+EpochCurve = tuple[list[float], list[float]]  # (epochs, values)
+
+
 @dataclass
 class RunRecord:
-    """One configuration run with one seed, as recorded in MLflow."""
+    """One configuration run with one seed, as recorded in MLflow. `noise_scale` is the one
+    that advises (model.noise_advice: the harmonic mean of its per-epoch values)."""
 
     run_id: str
     name: str
@@ -106,8 +113,48 @@ class RunRecord:
     unstable: str | None = None  # why learning collapsed, if it did
     steps: float | None = None  # optimizer updates made
     losses: dict[str, float] = field(default_factory=dict)  # final losses (see LOSS_METRICS)
-    loss_curves: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
+    loss_curves: dict[str, EpochCurve] = field(default_factory=dict)
     model_digest: str | None = None  # sha256 of the user's model file the run trained
+    final_noise_scale: float | None = None  # its last value: an average over ~100 steps
+    # Per epoch: `noise_scale` and, under adascale, ADASCALE_METRICS.
+    noise_curves: dict[str, EpochCurve] = field(default_factory=dict)
+
+    def last(self, key: str) -> float | None:
+        """The last per-epoch value of `key` in `noise_curves`."""
+        values = self.noise_curves.get(key, ([], []))[1]
+        return values[-1] if values else None
+
+
+@dataclass(frozen=True)
+class AdaScaleSummary:
+    """A configuration's AdaScale, averaged over its completed seeds: the mean gain over the run
+    (tau / updates), the last epoch's gain, sigma^2 and |mu|^2, tau and the updates made."""
+
+    mean_gain: float
+    last_gain: float
+    sigma_sq: float
+    mu_sq: float
+    tau: float
+    updates: float
+
+
+def adascale_summary(runs: list[RunRecord]) -> AdaScaleSummary | None:
+    """The AdaScale of `runs` (those that logged tau and made updates), or None."""
+    logged = [run for run in runs if run.last("adascale_tau") is not None and run.steps]
+    if not logged:
+        return None
+
+    def mean(values) -> float:
+        return float(np.mean(list(values)))
+
+    return AdaScaleSummary(
+        mean_gain=mean(run.last("adascale_tau") / run.steps for run in logged),
+        last_gain=mean(run.last("adascale_gain") for run in logged),
+        sigma_sq=mean(run.last("adascale_sigma_sq") for run in logged),
+        mu_sq=mean(run.last("adascale_mu_sq") for run in logged),
+        tau=mean(run.last("adascale_tau") for run in logged),
+        updates=mean(run.steps for run in logged),
+    )
 
 
 @dataclass
@@ -124,13 +171,15 @@ class GroupRow:
     speedup: float | None
     images_per_sec: float | None
     efficiency: float | None
-    noise_scale: float | None
+    noise_scale: float | None  # the advising one, mean over stable completed seeds
     verdict: str = ""
     is_baseline: bool = False
     notes: list[str] = field(default_factory=list)
     baseline_group: str | None = None
     losses: dict[str, float | None] = field(default_factory=dict)  # mean over completed seeds
     steps: float | None = None  # mean optimizer updates of completed seeds
+    final_noise_scale: float | None = None  # mean over stable completed seeds
+    adascale: AdaScaleSummary | None = None
 
     @property
     def unstable(self) -> list[RunRecord]:
@@ -186,6 +235,7 @@ def _group_row(
 ) -> GroupRow:
     """A configuration's row, before it is compared with its baseline."""
     completed = [run for run in group if run.status == Status.COMPLETED]
+    stable = [run for run in completed if not run.unstable]
     times = [time_to_target(run.curve, target) if target is not None else None for run in completed]
     return GroupRow(
         group=name,
@@ -198,7 +248,9 @@ def _group_row(
         speedup=None,
         images_per_sec=_mean([run.images_per_sec for run in completed]),
         efficiency=None,
-        noise_scale=_mean([run.noise_scale for run in completed if not run.unstable]),
+        noise_scale=_mean([run.noise_scale for run in stable]),
+        final_noise_scale=_mean([run.final_noise_scale for run in stable]),
+        adascale=adascale_summary(completed),
         is_baseline=baseline == name,
         baseline_group=baseline,
         losses={

@@ -13,26 +13,55 @@ from collections.abc import Callable
 
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import Status
+from towerbench.model.noise_advice import epochs_needed
+from towerbench.tasks.advise_recipe import EPOCHS_TOLERANCE
 from towerbench.tasks.report.statistics import GroupRow, RunRecord, group_rows
 
 Applies = Callable[[TrainConfig], bool]
 
 
-def noise_scale_note(global_batch: int, noise_scale: float | None) -> str | None:
-    """What the measured gradient noise scale B_simple says about this global batch."""
+def noise_scale_note(
+    global_batch: int, noise_scale: float | None, reference_batch: int
+) -> str | None:
+    """What the advising noise scale (model.noise_advice: the harmonic mean over training) says
+    about this global batch: where it stands, and the epochs the same progress needs."""
     if noise_scale is None or not math.isfinite(noise_scale) or noise_scale <= 0:
         return None
+    against = f"the noise scale ≈ {noise_scale:.0f} (harmonic mean over training)"
     if global_batch > 2 * noise_scale:
-        return (
-            f"global batch {global_batch} is far above the measured noise scale ≈ "
-            f"{noise_scale:.0f}: expect diminishing returns per example"
-        )
-    if global_batch < noise_scale / 2:
-        return (
-            f"global batch {global_batch} is well below the noise scale ≈ {noise_scale:.0f}: "
-            "larger batches should still pay off almost linearly"
-        )
-    return f"global batch {global_batch} is near the noise scale ≈ {noise_scale:.0f}"
+        relation = f"far above {against}: each extra example buys less"
+    elif global_batch < noise_scale / 2:
+        relation = f"well below {against}: larger batches should still pay off almost linearly"
+    else:
+        relation = f"near {against}"
+    needed = epochs_needed(noise_scale, reference_batch, global_batch)
+    return (
+        f"global batch {global_batch} is {relation}; the same progress needs ≈ {needed:.2f}× "
+        f"the epochs of batch {reference_batch}"
+    )
+
+
+def _noise_advice(row: GroupRow, baseline: GroupRow, rows: list[GroupRow]) -> str | None:
+    """The noise scale's note on `row`, and the budget it advises: equal epochs when the same
+    progress needs at most EPOCHS_TOLERANCE times the epochs, else equal updates (or equal
+    progress tau), with the sweep's evidence."""
+    config = row.config
+    note = noise_scale_note(config.global_batch, row.noise_scale, config.reference_batch)
+    if note is None:
+        return None
+    if epochs_needed(row.noise_scale, config.reference_batch, config.global_batch) <= (
+        EPOCHS_TOLERANCE
+    ):
+        return f"{note}: equal epochs suffice"
+    if _equal_updates(config, baseline.config):
+        return f"{note}: its budget is already 1 tower's updates"
+    advice = _advice(
+        "train for equal updates (or equal progress tau: adascale)",
+        row,
+        rows,
+        lambda c: _equal_updates(c, baseline.config),
+    )
+    return f"{note}: {advice}"
 
 
 def measured(row: GroupRow) -> str:
@@ -68,10 +97,19 @@ def _advice(text: str, row: GroupRow, rows: list[GroupRow], applies: Applies) ->
     return f"{text} (measured: `{best.group}` {measured(best)})"
 
 
+def _updates_per_example(config: TrainConfig) -> float:
+    """The run's budget in updates per training example: adascale's is in scale-invariant
+    updates (its progress tau ends at `epochs` reference epochs), the others' in optimizer
+    steps."""
+    batch = config.reference_batch if config.lr_scaling == "adascale" else config.global_batch
+    return config.epochs / batch
+
+
 def _equal_updates(config: TrainConfig, baseline: TrainConfig) -> bool:
-    """`config` trains as many optimizer steps as `baseline` (within 2%)."""
-    steps_ratio = (config.epochs / config.global_batch) / (baseline.epochs / baseline.global_batch)
-    return abs(steps_ratio - 1) < 0.02
+    """`config` trains as many updates as `baseline` (within 2%): optimizer steps, or for
+    adascale the scale-invariant ones its progress tau counts."""
+    ratio = _updates_per_example(config) / _updates_per_example(baseline)
+    return abs(ratio - 1) < 0.02
 
 
 def _prefix_with_remedy(text: str, row: GroupRow, rows: list[GroupRow]) -> str:
@@ -86,23 +124,24 @@ def _unstable(row: GroupRow, rows: list[GroupRow], unstable: list[RunRecord]) ->
     lr = unstable[0].effective_lr
     lr_text = f"LR {lr:g}" if lr is not None else "the LR"
     config = row.config
-    advice = "; ".join(
-        [
-            _advice("try sqrt scaling", row, rows, lambda c: c.lr_scaling == "sqrt"),
+    remedies = [_advice("try sqrt scaling", row, rows, lambda c: c.lr_scaling == "sqrt")]
+    if config.lr_scaling in ("linear", "sqrt"):
+        remedies.append(
             _advice(
-                "a longer warmup",
+                "adascale (its LR follows the gain the gradients allow)",
                 row,
                 rows,
-                lambda c: c.warmup_epochs > config.warmup_epochs,
-            ),
-            _advice(
-                "a BatchNorm network",
-                row,
-                rows,
-                lambda c: c.model in ("tutorial_bn", "resnet20"),
-            ),
-        ]
+                lambda c: c.lr_scaling == "adascale",
+            )
+        )
+    if config.lr_scaling != "adascale":  # whose schedule has no warmup
+        remedies.append(
+            _advice("a longer warmup", row, rows, lambda c: c.warmup_epochs > config.warmup_epochs)
+        )
+    remedies.append(
+        _advice("a BatchNorm network", row, rows, lambda c: c.model in ("tutorial_bn", "resnet20"))
     )
+    advice = "; ".join(remedies)
     return (
         f"unstable in {len(unstable)}/{len(row.runs)} seeds ({unstable[0].unstable}): {lr_text} "
         f"is too high for {config.model} at global batch {config.global_batch} — {advice}"
@@ -119,12 +158,17 @@ def _failure(row: GroupRow, rows: list[GroupRow]) -> str | None:
     if diverged:
         lr = diverged[0].effective_lr
         lr_text = f" at LR {lr:g}" if lr is not None else ""
-        advice = _advice(
-            "lower the peak LR (sqrt scaling) or lengthen the warmup",
-            row,
-            rows,
-            lambda c: c.lr_scaling == "sqrt" or c.warmup_epochs > config.warmup_epochs,
-        )
+        if config.lr_scaling == "adascale":  # whose schedule has no warmup
+            advice = _advice(
+                "lower the peak LR (sqrt scaling)", row, rows, lambda c: c.lr_scaling == "sqrt"
+            )
+        else:
+            advice = _advice(
+                "lower the peak LR (sqrt scaling) or lengthen the warmup",
+                row,
+                rows,
+                lambda c: c.lr_scaling == "sqrt" or c.warmup_epochs > config.warmup_epochs,
+            )
         return (
             f"diverged in {len(diverged)}/{len(row.runs)} seeds{lr_text} (global batch "
             f"{config.global_batch}): {advice}"
@@ -135,12 +179,46 @@ def _failure(row: GroupRow, rows: list[GroupRow]) -> str | None:
     return None
 
 
+def _adascale_remedy(row: GroupRow, base_config: TrainConfig, rows: list[GroupRow]) -> str:
+    """What to change in an adascale configuration significantly worse than 1 tower. Its
+    budget is scale-invariant: at 1 tower's budget it made 1 tower's updates of progress tau
+    in fewer optimizer steps, as many fewer as the gain allowed."""
+    config, summary = row.config, row.adascale
+    scale = config.global_batch / config.reference_batch
+    progress = (
+        ""
+        if summary is None
+        else f" (tau {summary.tau:.0f} in {summary.updates:.0f} updates: mean gain "
+        f"{summary.mean_gain:.2f} of {scale:g})"
+    )
+    if not _equal_updates(config, base_config):
+        advice = _advice(
+            "give tau 1 tower's budget",
+            row,
+            rows,
+            lambda c: c.lr_scaling == "adascale" and _equal_updates(c, base_config),
+        )
+        return f"AdaScale's progress budget is not 1 tower's updates{progress} — {advice}"
+    fixed = _advice(
+        "compare a fixed rule at equal optimizer updates",
+        row,
+        rows,
+        lambda c: c.lr_scaling in ("linear", "sqrt") and _equal_updates(c, base_config),
+    )
+    return (
+        f"at equal scale-invariant progress with 1 tower{progress}, the measured gain did not "
+        f"make up for the larger batch — {fixed}"
+    )
+
+
 def _remedy(row: GroupRow, base_config: TrainConfig, rows: list[GroupRow]) -> str:
     """What to change in a configuration significantly worse than 1 tower."""
     config = row.config
     if config.global_batch > base_config.global_batch and config.lr_scaling == "none":
         advice = _advice("apply linear scaling", row, rows, lambda c: c.lr_scaling == "linear")
         return f"global batch {config.global_batch} at unscaled LR {config.base_lr:g} — {advice}"
+    if config.lr_scaling == "adascale":
+        return _adascale_remedy(row, base_config, rows)
     if config.lr_scaling != "none" and config.warmup_epochs == 0:
         advice = _advice("add warmup epochs", row, rows, lambda c: c.warmup_epochs > 0)
         return f"{config.lr_scaling} scaling jumps straight to the peak LR — {advice}"
@@ -204,8 +282,11 @@ def compare(
     rows, target = group_rows(runs, swept, target_accuracy)
     by_group = {row.group: row for row in rows}
     for row in rows:
-        row.verdict = verdict(row, by_group.get(row.baseline_group or ""), rows)
-        note = noise_scale_note(row.config.global_batch, row.noise_scale)
-        if note and not row.is_baseline and not row.unstable and row.accuracy.count:
+        baseline = by_group.get(row.baseline_group or "")
+        row.verdict = verdict(row, baseline, rows)
+        if baseline is None or row.is_baseline or row.unstable or not row.accuracy.count:
+            continue
+        note = _noise_advice(row, baseline, rows)
+        if note is not None:
             row.notes.append(note)
     return rows, target
