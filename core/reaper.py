@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 GRACE_SECONDS = 3.0
@@ -75,6 +76,22 @@ class Reaper:
         assert self.process.stdin is not None
         self.process.stdin.close()
         self.process.wait(GRACE_SECONDS + 5)
+
+
+_PROCESS_REAPERS: list[Reaper] = []  # live as long as the process: their pipes close at its end
+
+
+def temporary_files_of_this_process(prefix: str) -> str:
+    """Point this process's temporary files, and its children's (Prefect's folder per flow run,
+    multiprocessing's), into one folder that a watchdog removes when the process ends, however it
+    ends; its path."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    os.environ["TMPDIR"] = folder
+    tempfile.tempdir = folder
+    reaper = Reaper()
+    reaper.remove(folder)
+    _PROCESS_REAPERS.append(reaper)
+    return folder
 
 
 def main() -> None:

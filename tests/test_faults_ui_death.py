@@ -71,3 +71,30 @@ def test_a_normal_end_leaves_no_watchdog() -> None:
     reaper = Reaper()
     reaper.close()
     assert reaper.process.returncode == 0
+
+
+# A long-running command (`serve`, `worker`): what it and its children put in temporary folders.
+LONG_RUNNING = """
+import subprocess, sys, tempfile, time
+from towerbench.core.reaper import temporary_files_of_this_process
+folder = temporary_files_of_this_process("towerbench-test-")
+run = tempfile.TemporaryDirectory(prefix="prefect-workspace-attempt-")  # Prefect's, per flow run
+child = [sys.executable, "-c", "import tempfile; print(tempfile.mkdtemp(prefix='pymp-'))"]
+made = subprocess.run(child, capture_output=True, text=True, check=True).stdout.strip()
+print(folder, run.name, made, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_long_running_commands_temporary_folders_go_with_it() -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", LONG_RUNNING], stdout=subprocess.PIPE, text=True
+    )
+    folder, *inside = owner.stdout.readline().split()
+    assert all(Path(path).is_dir() and Path(path).parent == Path(folder) for path in inside)
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 5
+    while Path(folder).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(folder).exists()
