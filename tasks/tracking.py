@@ -34,6 +34,9 @@ ERROR_TAG = "towerbench.error"
 CONFIG_TAG = "towerbench.config"  # the run's TrainConfig as JSON, to rebuild it exactly
 GROUP_TAG = "towerbench.group"  # the configuration without its seed
 DATA_VERSION_TAG = "towerbench.data_version"
+# The folder a run read its data from (on a pool, the worker's: MLflow keeps a dataset's first
+# source, the sweep's, for every run that logs the same name and version).
+DATA_DIR_TAG = "towerbench.data_dir"
 UNSTABLE_TAG = "towerbench.unstable"  # why a completed run counts as unstable (learning collapsed)
 # JSON list of the training fields a sweep varies: its axes given several values, then its grid's
 # fields (before 2026-12 the grid's alone; readers take the grid's with `swept_besides_axes`).

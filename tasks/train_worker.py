@@ -88,13 +88,15 @@ def run(request: WorkerRequest) -> Outcome:
     import mlflow
     import tensorflow as tf
 
+    from towerbench.model.tfrecords import dataset_dir
     from towerbench.model.training import train
     from towerbench.tasks import evaluate
-    from towerbench.tasks.tracking import STATUS_TAG, UNSTABLE_TAG
+    from towerbench.tasks.tracking import DATA_DIR_TAG, STATUS_TAG, UNSTABLE_TAG
 
     config = request.config
     mlflow.log_param("tensorflow_version", tf.__version__)
     evaluate.log_data_input(request.data_dir, config.dataset, request.data_version)
+    mlflow.set_tag(DATA_DIR_TAG, str(dataset_dir(request.data_dir, config.dataset).resolve()))
 
     last_progress = 0.0
 

@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from towerbench.tasks.tracking import (
     ATTEMPT_TAG,
+    DATA_DIR_TAG,
     DEVICES_TAG,
     HOST_TAG,
     KIND_TAG,
@@ -141,7 +142,7 @@ def test_a_sweep_fans_out_over_two_workers_and_survives_losing_one(tmp_path: Pat
     assert {run.data.params["model_digest"] for run in children} == {digest}
     assert {run.data.params["model_function"] for run in children} == {"build"}
     # Each worker trained on its own checkout's data folder.
-    sources = {json.loads(run.inputs.dataset_inputs[0].dataset.source)["uri"] for run in children}
+    sources = {run.data.tags[DATA_DIR_TAG] for run in children}
     assert sources == {str(project.resolve() / "data" / "tfrecords" / "digits")}, sources
     # The stopped worker's run was finished by the other one, on a second attempt.
     handed_over = [run for run in children if run.data.tags[ATTEMPT_TAG] == "2"]
