@@ -136,12 +136,7 @@ def group_name(config: TrainConfig, extra_fields: list[str] | tuple[str, ...] = 
     ]
     if config.precision != "float32":
         parts.append(f"precision={config.precision}")
-    parts += [
-        f"model={model_label(config.model)}"
-        if name == "model"
-        else f"{name}={_format(getattr(config, name))}"
-        for name in extra_fields
-    ]
+    parts += [f"{name}={_format_field(config, name)}" for name in extra_fields]
     return " ".join(parts)
 
 

@@ -117,7 +117,8 @@ def model_in_checkout(text: str, project: Path, sweep_digest: str | None) -> str
     if reference.path is None:
         return text
     path = project / reference.path  # an absolute path stays as it is
-    here = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    local = f"{path}:{reference.function}"
+    here = parse_model(local).digest()
     if here is None:
         raise TowerbenchError(f"model file {path} is missing in this worker's checkout")
     if sweep_digest is not None and here != sweep_digest:
@@ -125,4 +126,4 @@ def model_in_checkout(text: str, project: Path, sweep_digest: str | None) -> str
             f"model file {path} differs from the sweep's (sha256 {here[:12]} here, "
             f"{sweep_digest[:12]} in the sweep): bring this worker's checkout up to date"
         )
-    return f"{path}:{reference.function}"
+    return local
