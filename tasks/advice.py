@@ -135,6 +135,7 @@ def finish_advice_run(
             "time_ratio": verification.time_ratio,
             "reached": float(verification.reached),
         }
+        tags.append(RunTag("towerbench.advise_outcome", verification.outcome))
         metrics = [Metric(k, v, now, 0) for k, v in numbers.items() if v is not None]
         client.log_batch(run_id, metrics=metrics, tags=tags)
     client.set_terminated(run_id, status)

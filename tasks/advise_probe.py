@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.model.noise_advice import advising_noise_scale
 from towerbench.model.probe import ProbeResult
 from towerbench.tasks.advise_recipe import Measurements
 from towerbench.tasks.fork_server import main_module_hidden, start_fork_server
@@ -103,26 +104,26 @@ SETTLED_RATIO = 2.0
 
 
 def settled_noise_scale(result: ProbeResult) -> tuple[float | None, str]:
-    """The noise scale the recipe uses, and which value it is and why; None when the probe's
-    estimate had not settled (its last two values along the probe not both positive and within
-    a factor SETTLED_RATIO): too short a probe, or a loss that barely moved."""
+    """The noise scale the recipe uses, and which value it is and why: the harmonic mean of its
+    values along the probe, the rule the report's verdicts apply to a run's epochs
+    (model/noise_advice.py). None when the estimate had not settled (the last two values along
+    the probe not both positive and within a factor SETTLED_RATIO): too short a probe, or a loss
+    that barely moved."""
     noise = result.noise
-    along = " -> ".join(f"{value:.0f}" for _, value in noise.along)
-    last = [value for _, value in noise.along[-2:]]
-    settled = (
-        noise.noise_scale is not None
-        and len(last) == 2
-        and min(last) > 0
-        and max(last) <= SETTLED_RATIO * min(last)
-    )
-    if not settled:
+    values = [value for _, value in noise.along]
+    along = " -> ".join(f"{value:.0f}" for value in values)
+    last = values[-2:]
+    settled = len(last) == 2 and min(last) > 0 and max(last) <= SETTLED_RATIO * min(last)
+    advising = advising_noise_scale(values) if settled else None
+    if advising is None:
         return None, (
             f"not settled after {noise.steps} steps at batch {noise.batch} (along the probe: "
             f"{along or 'none'}; loss {noise.first_loss:.2f} -> {noise.last_loss:.2f}): not used"
         )
-    return noise.noise_scale, (
-        f"1 tower at batch {noise.batch}, average of about the last 100 of {noise.steps} probe "
-        f"steps, loss {noise.first_loss:.2f} -> {noise.last_loss:.2f}; along the probe {along}"
+    return advising, (
+        f"harmonic mean of its values along {noise.steps} probe steps at 1 tower, batch "
+        f"{noise.batch} ({along}; loss {noise.first_loss:.2f} -> {noise.last_loss:.2f}), the "
+        "rule the report's verdicts use"
     )
 
 
@@ -130,8 +131,8 @@ def probe_lines(request: ProbeRequest, result: ProbeResult, measured: Measuremen
     """What the probe measured, and which noise-scale value the recipe uses and why."""
     noise = (
         f"noise scale {measured.noise_scale:.0f} ({measured.noise_scale_source}): it grows as "
-        "the loss falls, so this early value understates later gains, and a recipe from it errs "
-        "towards a smaller LR and more updates"
+        "the loss falls, so the start's values understate later gains, and a recipe from them "
+        "errs towards a smaller LR and more updates"
         if measured.noise_scale is not None
         else f"noise scale {measured.noise_scale_source}"
     )

@@ -28,8 +28,9 @@ The rules, and what they rest on:
   it 4 towers came within 0.4 pp (cure-bn), and on digits a constant LR left the last epoch's
   accuracy to float rounding (the digits preset in config/sections.py).
 
-Which noise scale: it grows as the loss falls (McCandlish et al.), so the probe's early value
-understates later gains; a fixed rule chosen from it errs towards a smaller LR and more updates.
+Which noise scale: the harmonic mean of its values along the probe (model/noise_advice.py, the
+report's rule). It grows as the loss falls (McCandlish et al.), so the probe's early values
+understate later gains; a fixed rule chosen from them errs towards a smaller LR and more updates.
 Every reason names the value used (`noise_scale_source`).
 """
 

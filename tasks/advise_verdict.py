@@ -1,14 +1,21 @@
 """The verdict of `towerbench advise --verify`: did the recipe's K towers reach the 1-tower
 accuracy, what next if not, and what the K towers cost in time.
 
-Reached means: the mean difference over seeds is at least -1 pp (the report's "close enough")
-and, with two or more seeds a side, the 95% interval of Welch's test reaches 0; and no K-tower
-run diverged.
+Three outcomes:
+- reached: the mean difference over seeds is at least -1 pp (the report's "close enough") and,
+  with two or more seeds a side, the 95% interval of Welch's test reaches 0; no K-tower run
+  diverged.
+- missed: a K-tower run diverged, the interval lies below 0 (worse beyond the seeds' noise), or
+  with one seed a side the difference is below -1 pp.
+- inconclusive: the mean is more than 1 pp below but the interval reaches 0: the seeds disagree
+  too much to tell, and more seeds would.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from typing import Literal
+
+from pydantic import BaseModel, computed_field
 
 from towerbench.core.outcome import ConfigSummary, Status, SweepResult
 from towerbench.tasks.advise_recipe import Recipe
@@ -23,9 +30,14 @@ class Verification(BaseModel):
     difference_pp: float | None  # K towers - 1 tower, mean test accuracy, percentage points
     ci_low_pp: float | None
     ci_high_pp: float | None
-    reached: bool
+    outcome: Literal["reached", "missed", "inconclusive", "none"]
     time_ratio: float | None  # mean wall time of a K-tower run / of a 1-tower run
     verdict: str
+
+    @computed_field
+    @property
+    def reached(self) -> bool:
+        return self.outcome == "reached"
 
 
 def next_to_try(recipe: Recipe) -> str:
@@ -82,7 +94,7 @@ def verify_outcome(result: SweepResult, recipe: Recipe) -> Verification:
             difference_pp=None,
             ci_low_pp=None,
             ci_high_pp=None,
-            reached=False,
+            outcome="none",
             time_ratio=ratio,
             verdict=verdict,
         )
@@ -92,15 +104,20 @@ def verify_outcome(result: SweepResult, recipe: Recipe) -> Verification:
         if difference.ci_low is not None
         else " (one seed a side: no interval)"
     )
-    reached = (
-        difference.difference >= -CLOSE_ENOUGH
-        and (difference.ci_high is None or difference.ci_high >= 0)
-        and not diverged
-    )
+    close = difference.difference >= -CLOSE_ENOUGH
+    reaches_zero = difference.ci_high is None or difference.ci_high >= 0
     measured = f"Δ {_pp(difference.difference)} pp{interval}"
-    if reached:
+    if close and reaches_zero and not diverged:
+        outcome = "reached"
         verdict = f"the recipe reached the 1-tower accuracy: {measured}; {cost}"
+    elif reaches_zero and not diverged and difference.ci_low is not None:
+        outcome = "inconclusive"
+        verdict = (
+            f"inconclusive: {measured}: the seeds disagree too much to tell a miss from noise; "
+            f"more seeds (--seeds) would narrow it, else try: {next_to_try(recipe)}; {cost}"
+        )
     else:
+        outcome = "missed"
         why = f" ({len(diverged)} run(s) diverged)" if diverged else ""
         verdict = f"it did not: {measured}{why}, next thing to try: {next_to_try(recipe)}; {cost}"
     return Verification(
@@ -109,7 +126,7 @@ def verify_outcome(result: SweepResult, recipe: Recipe) -> Verification:
         difference_pp=100 * difference.difference,
         ci_low_pp=None if difference.ci_low is None else 100 * difference.ci_low,
         ci_high_pp=None if difference.ci_high is None else 100 * difference.ci_high,
-        reached=reached,
+        outcome=outcome,
         time_ratio=ratio,
         verdict=verdict,
     )
