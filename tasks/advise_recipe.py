@@ -194,12 +194,19 @@ def _scaling(measured: Measurements, gain: float | None) -> Choice:
     excluded = [_excluded(measured, rule, f) for rule, f in factors.items() if rule not in stable]
     caveat = "".join(f"; {text}" for text in excluded)
     if not stable:
+        instability = f" ({measured.instability})" if measured.instability else ""
+        if _unstable(measured, 1.0):
+            return Choice(
+                "none",
+                f"not even the base LR {measured.base_lr:g} was stable at batch {batch}"
+                f"{instability}: no rule scales it up; this recipe is likely to diverge too, "
+                "lower train.base_lr (or use fewer towers) and advise again",
+            )
         return Choice(
             "none",
             f"even sqrt's LR {measured.base_lr * factors['sqrt']:.3g} is above the largest "
             f"stable LR {measured.largest_stable_lr:.3g} at batch {batch}: keep the base LR "
-            f"{measured.base_lr:g}"
-            + (f" ({measured.instability})" if measured.instability else ""),
+            f"{measured.base_lr:g}{instability}",
         )
     if gain is None:
         preferred = ("linear", "sqrt") if measured.has_batchnorm else ("sqrt", "linear")

@@ -80,6 +80,11 @@ CASES = {
         ("none", 0.0, "updates", "linear"),
         ["even sqrt's LR 0.2 is above the largest stable LR 0.15 at batch 512: keep the base LR"],
     ),
+    "not even the base LR is stable": (
+        dict(LRN, has_batchnorm=False, noise_scale=196, largest_stable_lr=0.0),
+        ("none", 0.0, "updates", "linear"),
+        ["not even the base LR 0.1 was stable at batch 512", "lower train.base_lr"],
+    ),
     "one tower": (
         dict(LRN, towers=1, has_batchnorm=False, noise_scale=196),
         ("none", 0.0, "epochs", "linear"),
