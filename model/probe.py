@@ -1,21 +1,22 @@
 """A short probe of a network on its data before it is scaled to k towers (`towerbench advise`).
 
-On one device it measures three things:
+It measures three things:
 
 - **The gradient noise scale** B_simple (McCandlish et al. 2018) along the 1-tower run's own
   start: a few hundred steps of the reference configuration, each batch's gradient computed as
-  the mean of `MICRO_BATCHES` micro-batch gradients (towers on the same device), which gives the
+  the mean of `MICRO_BATCHES` micro-batch gradients (towers on the first device), which gives the
   per-step estimates of model.noise_scale. The value reported is its moving average at the end
   of the probe (decay 0.99: about the last 100 steps). The noise scale grows as the loss falls,
   so this early value understates the gain a larger batch has later in training.
-- **The largest stable learning rate at the k-tower batch**: a short run at each candidate LR,
-  in increasing order, each with k towers on the one device (the k-tower step exactly, BatchNorm
-  statistics per tower included). Each warms up linearly from the base LR over its first
-  quarter, as a scaled-up recipe would, then holds. A run stops as soon as its training
-  cross-entropy, averaged over the last `WINDOW` steps, rises above chance level ln C (or a step
-  is not finite); the larger candidates are then not tried. "Above" allows the 5% that
-  model.stability allows a finished run: a network starts at about ln C and may stay on that
-  plateau for a few dozen steps before it learns.
+- **The largest stable learning rate at the k-tower batch**: a short run at each candidate LR, in
+  increasing order, each with k towers on the devices a k-tower run gets (model.devices: k GPUs,
+  or one GPU or the CPU split in k), so the k-tower step exactly, BatchNorm statistics per tower
+  and per-device memory included. Each warms up linearly from the base LR over its first quarter,
+  as a scaled-up recipe would, then holds. A run stops as soon as its training cross-entropy,
+  averaged over the last `WINDOW` steps, rises above chance level ln C (or a step is not finite);
+  the larger candidates are then not tried. "Above" allows the 5% that model.stability allows a
+  finished run: a network starts at about ln C and may stay on that plateau for a few dozen steps
+  before it learns.
 - **Whether the network has BatchNorm** (linear scaling suits BatchNorm networks better).
 """
 
@@ -68,6 +69,7 @@ class ProbeResult:
     noise: NoiseProbe
     trials: list[LearningRateTrial]
     seconds: float
+    tower_devices: tuple[str, ...] = ()  # where the LR trials' towers ran
 
     @property
     def largest_stable_lr(self) -> float | None:
@@ -120,7 +122,7 @@ def probe(
     manifest, train_files, _ = load_training_data(large, Path(data_dir))
     from towerbench.model.devices import configure_tower_devices
 
-    device = configure_tower_devices(1, config.device_type, config.parameter_device)
+    device = configure_tower_devices(towers, config.device_type, config.parameter_device)
     session = _Session(config, manifest, train_files, device)
     noise = session.noise_probe(steps)
     trials: list[LearningRateTrial] = []
@@ -134,6 +136,7 @@ def probe(
         noise=noise,
         trials=trials,
         seconds=time.perf_counter() - started,
+        tower_devices=tuple(device.devices),
     )
 
 
@@ -147,8 +150,9 @@ class _Session:
         self.device = device
         self.has_batchnorm = False
 
-    def _trainer(self, towers: int, learning_rate):
-        """A fresh network (the run's seed) and its tower step: `towers` towers on the device."""
+    def _trainer(self, towers: int, learning_rate, on_first_device: bool = False):
+        """A fresh network (the run's seed) and its tower step: `towers` towers, one per tower
+        device, or all on the first one."""
         import keras
         import tensorflow as tf
 
@@ -174,7 +178,7 @@ class _Session:
             nesterov=config.optimizer == "nesterov",
         )
         devices = TowerDevices(
-            devices=self.device.devices[:1] * towers,
+            devices=self.device.devices[:1] * towers if on_first_device else self.device.devices,
             parameter_device=self.device.parameter_device,
             kind=self.device.kind,
             replicas=towers,
@@ -226,7 +230,7 @@ class _Session:
         """The reference run's start, its batch split into micro-batches on the one device."""
         batch, config = self.config.global_batch, self.config
         micro = next((m for m in (MICRO_BATCHES, 2) if batch % m == 0 and batch >= m), 1)
-        trainer = self._trainer(micro, config.base_lr)
+        trainer = self._trainer(micro, config.base_lr, on_first_device=True)
         along: list[tuple[int, float]] = []
         every = max(steps // NOISE_SAMPLES, 1)
 

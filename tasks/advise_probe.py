@@ -69,8 +69,8 @@ def run_probe(request: ProbeRequest) -> ProbeResult:
             return future.result()
         except BrokenProcessPool:
             raise TowerbenchError(
-                "the probe's process died (killed, or out of memory: the probe puts the "
-                f"global batch of {request.global_batch} on one device)"
+                "the probe's process died (killed, or out of memory: the probe runs the "
+                f"global batch of {request.global_batch} on this host's tower devices)"
             ) from None
 
 
@@ -142,7 +142,8 @@ def probe_lines(request: ProbeRequest, result: ProbeResult, measured: Measuremen
         f"(tried {tried}" + (f"; {result.instability})" if result.instability else ")")
     )
     batchnorm = "BatchNorm" if result.has_batchnorm else "no BatchNorm"
-    return [f"probe ({result.seconds:.0f} s): {batchnorm}; {noise}", stable]
+    where = f"{len(result.tower_devices)} tower devices"
+    return [f"probe ({result.seconds:.0f} s, {where}): {batchnorm}; {noise}", stable]
 
 
 def measurements(request: ProbeRequest, result: ProbeResult) -> Measurements:

@@ -53,6 +53,7 @@ def test_the_probe_stops_a_diverging_lr_and_tries_no_larger_one(digits_dir: Path
     assert (noise.steps, noise.batch, noise.micro_batch) == (60, 32, 8)
     assert noise.noise_scale is not None and noise.noise_scale > 0
     assert result.has_batchnorm is False
+    assert len(set(result.tower_devices)) == 2  # the LR trials ran as a 2-tower run does
 
 
 def _noise(along: list[float]) -> ProbeResult:
