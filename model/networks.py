@@ -227,7 +227,8 @@ def build_network(
     """Build network `name` for images of `input_shape` (H, W, C) and `num_classes` classes,
     its layers computing in `precision` (model.precision); logits are float32 either way.
     `name` is a built-in network or a reference to the user's function (config.model_ref):
-    that one is checked (model.user_model), and its own regularizers are its weight decay."""
+    that one is called under the same dtype policy, checked (model.user_model), and its own
+    regularizers are its weight decay."""
     builders = {
         "tutorial": tutorial_network,
         "tutorial_bn": tutorial_bn_network,
@@ -237,8 +238,10 @@ def build_network(
         if name in builders:
             network = builders[name](input_shape, num_classes, seed)
         else:
-            network = Network(build_user_model(name, input_shape, num_classes), [])
-    if precision == "float32":
+            network = Network(build_user_model(name, input_shape, num_classes, precision), [])
+    # The cross-entropy is taken in float32: 16-bit logits (mixed precision, or a user's last
+    # layer given a 16-bit dtype) are cast by one more layer.
+    if precision == "float32" and network.model.outputs[0].dtype == "float32":
         return network
     logits = keras.layers.Activation("linear", dtype="float32", name="logits_float32")
     model = keras.Model(

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from towerbench.config.model_ref import ModelReference, parse_model
 from towerbench.core.errors import TowerbenchError
+from towerbench.model.precision import Precision, layers_in
 
 SEED_STATE = "seed_generator_state"  # a Dropout's random state, drawn per tower (model.towers)
 
@@ -187,19 +188,61 @@ def check_model(
     return model
 
 
-def build_user_model(text: str, input_shape: Sequence[int], num_classes: int) -> keras.Model:
-    """The user's network for `text` (`file.py:function` or `package.module:function`), built
-    for images of `input_shape` (H, W, C) and checked."""
-    reference = parse_model(text)
-    builder = load_builder(reference)
-    shape = tuple(int(size) for size in input_shape)
-    try:
-        model = builder(shape, num_classes)
-    except Exception as error:
+def _check_precision(model: keras.Model, text: str, precision: Precision) -> None:
+    """Refuse weights kept in 16 bits (a layer given dtype="float16"): the towers' loss scale,
+    weight decay and moving average work on float32 master weights, and mixed precision keeps
+    them so. Refuse float16 computation without mixed_float16's loss scale. Refuse a mixed
+    `precision` when every layer with weights pinned its own dtype, so none computes in 16 bits:
+    the run would be float32 recorded as mixed. (16-bit logits are fine: build_network casts.)"""
+    owners = _owners(model)
+    for variable in model.variables:
+        dtype = keras.backend.standardize_dtype(variable.dtype)
+        if "float" in dtype and dtype != "float32":
+            layer = owners.get(id(variable))
+            name = layer.name if layer is not None else variable.path
+            raise TowerbenchError(
+                f"{text}: layer {name!r} keeps its weights in {dtype}; towers keep float32 "
+                "weights (precision mixed_float16 or mixed_bfloat16 computes in 16 bits): "
+                "remove its dtype= argument"
+            )
+    if precision != "mixed_float16":
+        for layer in layers_of(model):
+            if layer.weights and layer.compute_dtype == "float16":
+                raise TowerbenchError(
+                    f"{text}: layer {layer.name!r} computes in float16 under precision "
+                    f"{precision}, which scales no loss: float16 gradients underflow without "
+                    "it; train with precision mixed_float16 or remove its dtype= argument"
+                )
+    if precision == "float32":
+        return
+    low = precision.removeprefix("mixed_")
+    if not any(layer.weights and layer.compute_dtype == low for layer in layers_of(model)):
         raise TowerbenchError(
-            f"{text}: " + _raised(f"{reference.function}({shape}, {num_classes})", error)
-        ) from None
-    return check_model(model, text, reference.function, shape, num_classes)
+            f"{text}: precision {precision}: no layer with weights computes in {low} (each "
+            "sets its own dtype); remove the layers' dtype= arguments or train in float32"
+        )
+
+
+def build_user_model(
+    text: str, input_shape: Sequence[int], num_classes: int, precision: Precision = "float32"
+) -> keras.Model:
+    """The user's network for `text` (`file.py:function` or `package.module:function`), built
+    for images of `input_shape` (H, W, C) under `precision`'s dtype policy, and checked. The
+    process's policy is the same after as before, whatever the file sets."""
+    reference = parse_model(text)
+    with layers_in(precision):  # a policy the file sets when imported ends here
+        builder = load_builder(reference)
+    shape = tuple(int(size) for size in input_shape)
+    with layers_in(precision):
+        try:
+            model = builder(shape, num_classes)
+        except Exception as error:
+            raise TowerbenchError(
+                f"{text}: " + _raised(f"{reference.function}({shape}, {num_classes})", error)
+            ) from None
+        model = check_model(model, text, reference.function, shape, num_classes)
+    _check_precision(model, text, precision)
+    return model
 
 
 def disable_dropout(model: keras.Model) -> list[str]:

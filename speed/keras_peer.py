@@ -3,7 +3,9 @@
 This is what a TensorFlow user writes instead of a tower loop: the network built inside a
 `MirroredStrategy` scope, the tutorial's weight decay as Keras L2 regularizers, SGD with the
 tutorial's moving average of the weights (`use_ema`), sparse cross-entropy and accuracy, `fit`.
-Keras defaults apply (no XLA on CPU-only machines, one step per execution).
+Keras defaults apply (no XLA on CPU-only machines, one step per execution) unless the caller
+asks for the precision and XLA setting towerbench's side runs with (a user's model, which keeps
+its own regularizers).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import tensorflow as tf
 
 from towerbench.config.sections import TrainConfig
 from towerbench.model.networks import build_network
+from towerbench.model.precision import Precision
 from towerbench.speed.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES, synthetic_batch
 
 
@@ -44,23 +47,32 @@ def keras_mirrored_runner(
     steps: int,
     config: TrainConfig,
     network_name: str = NETWORK,
+    image_shape: tuple[int, ...] = IMAGE_SHAPE,
+    precision: Precision = "float32",
+    jit_compile: bool | str = "auto",
 ) -> Callable[[], float]:
-    """A callable that runs `fit` for `steps + 1` steps and returns seconds per step (steady)."""
+    """A callable that runs `fit` for `steps + 1` steps and returns seconds per step (steady).
+    The network is built inside the strategy's scope, its layers computing in `precision`
+    (float16 with Keras' dynamic loss scale, as towerbench's step has its own)."""
     strategy = tf.distribute.MirroredStrategy(devices=devices)
     with strategy.scope():
-        network = build_network(network_name, IMAGE_SHAPE, NUM_CLASSES, config.seed)
+        network = build_network(network_name, image_shape, NUM_CLASSES, config.seed, precision)
         for variable in network.decayed_variables:
             # tf.nn.l2_loss is sum(w**2)/2, so the tutorial's 0.004 is Keras L2(0.002).
             variable.regularizer = keras.regularizers.L2(config.weight_decay / 2)
         model = network.model
+        optimizer = keras.optimizers.SGD(
+            learning_rate=config.base_lr, use_ema=True, ema_momentum=config.ema_decay
+        )
+        if precision == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         model.compile(
-            optimizer=keras.optimizers.SGD(
-                learning_rate=config.base_lr, use_ema=True, ema_momentum=config.ema_decay
-            ),
+            optimizer=optimizer,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["sparse_categorical_accuracy"],
+            jit_compile=jit_compile,
         )
-    images, labels = synthetic_batch(global_batch, config.seed)
+    images, labels = synthetic_batch(global_batch, config.seed, image_shape)
     # One element is one global batch; the strategy splits it across the replicas.
     dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
 

@@ -27,12 +27,14 @@ def tower_step_runner(
     steps: int,
     config: TrainConfig,
     network_name: str = NETWORK,
+    image_shape: tuple[int, ...] = IMAGE_SHAPE,
 ) -> Callable[[], float]:
-    """A callable that runs `steps` tower steps on the first `towers` devices; seconds per step."""
+    """A callable that runs `steps` tower steps on the first `towers` devices; seconds per step.
+    The network is built for `image_shape` (a user's one is checked there, model.user_model)."""
     tower_devices = replace(devices, devices=devices.devices[:towers], replicas=towers)
     with tf.device(tower_devices.parameter_device):
         network = build_network(
-            network_name, IMAGE_SHAPE, NUM_CLASSES, config.seed, config.precision
+            network_name, image_shape, NUM_CLASSES, config.seed, config.precision
         )
     # The optimizer as model/training.py builds it: plain SGD on the epoch-counted LR schedule.
     optimizer = keras.optimizers.SGD(
@@ -48,7 +50,7 @@ def tower_step_runner(
         jit_compile=config.xla,
         precision=config.precision,
     )
-    images, labels = synthetic_batch(global_batch, config.seed)
+    images, labels = synthetic_batch(global_batch, config.seed, image_shape)
 
     def run() -> float:
         start = time.perf_counter()

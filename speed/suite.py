@@ -24,7 +24,7 @@ from towerbench.speed.preprocess_rate import preprocess_runner, write_random_cif
 from towerbench.speed.roofline import matmul_flops, matmul_runner
 from towerbench.speed.settings import BenchSettings
 from towerbench.speed.steps import tower_step_runner
-from towerbench.speed.timing import interleaved
+from towerbench.speed.timing import Timing, interleaved
 from towerbench.speed.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES
 
 StepKey = tuple[str, int, int]  # (runner, towers, global batch)
@@ -76,6 +76,21 @@ def with_option(config: TrainConfig, option: str) -> TrainConfig:
     return config.model_copy(update={"precision": option})
 
 
+def step_records(timings: dict[StepKey, Timing]) -> list[dict[str, Any]]:
+    """Each timed step as the summary reads it: its median, images/s and every round."""
+    return [
+        {
+            "runner": runner,
+            "towers": towers,
+            "global_batch": batch,
+            "step_seconds": timing.median,
+            "images_per_sec": batch / timing.median,
+            "repeats": list(timing.seconds),
+        }
+        for (runner, towers, batch), timing in timings.items()
+    ]
+
+
 def measure_steps(
     devices: TowerDevices, settings: BenchSettings, config: TrainConfig
 ) -> dict[str, Any]:
@@ -103,18 +118,7 @@ def measure_steps(
         pairs=judged_pairs(settings),
         max_seconds=settings.max_step_seconds,
     )
-    steps = [
-        {
-            "runner": runner,
-            "towers": towers,
-            "global_batch": batch,
-            "step_seconds": timing.median,
-            "images_per_sec": batch / timing.median,
-            "repeats": list(timing.seconds),
-        }
-        for (runner, towers, batch), timing in timings.items()
-        if runner != "matmul"
-    ]
+    steps = step_records({key: timing for key, timing in timings.items() if key[0] != "matmul"})
     roofline = {
         str(size): matmul_flops(size) / timings[("matmul", 1, size)].median
         for size in settings.roofline_sizes

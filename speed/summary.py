@@ -34,7 +34,7 @@ def step_seconds(results: dict[str, Any], runner: str, towers: int, batch: int) 
     return _step(results, runner, towers, batch)["step_seconds"]
 
 
-def _figure(interval: RatioInterval, scale: float = 1.0) -> dict[str, Any]:
+def ratio_figure(interval: RatioInterval, scale: float = 1.0) -> dict[str, Any]:
     """A ratio with its 95% interval (None below 2 rounds) and the rounds behind it."""
     known = not math.isnan(interval.low)
     return {
@@ -45,7 +45,7 @@ def _figure(interval: RatioInterval, scale: float = 1.0) -> dict[str, Any]:
     }
 
 
-def _step_ratio(
+def step_ratio(
     results: dict[str, Any], numerator: tuple[str, int, int], denominator: tuple[str, int, int]
 ) -> RatioInterval:
     return ratio_interval(
@@ -61,7 +61,7 @@ def _roofline_fraction(results: dict[str, Any], settings) -> dict[str, Any]:
     step = _step(results, "towerbench", 1, batch)
     interval = ratio_interval(results["matmul_seconds"][size], step["repeats"])
     work = results["flops_per_example"]["training"] * batch / matmul_flops(int(size))
-    return _figure(interval, work)
+    return ratio_figure(interval, work)
 
 
 def _rounded(value: float) -> float:
@@ -77,13 +77,15 @@ def speed_summary(
     """The JSON summary of the speed benchmarks (`towerbench bench --json`)."""
     fixed = settings.fixed_global_batch
     overhead = {
-        str(k): _figure(_step_ratio(results, ("towerbench", k, fixed), ("towerbench", 1, fixed)))
+        str(k): ratio_figure(
+            step_ratio(results, ("towerbench", k, fixed), ("towerbench", 1, fixed))
+        )
         for k in settings.towers
         if k > 1
     }
     versus_keras = {
-        str(k): _figure(
-            _step_ratio(
+        str(k): ratio_figure(
+            step_ratio(
                 results,
                 ("towerbench", k, k * settings.per_tower_batch),
                 ("keras_mirrored", k, k * settings.per_tower_batch),
@@ -95,15 +97,15 @@ def speed_summary(
         step["images_per_sec"] for step in results["steps"] if step["runner"] == "towerbench"
     )
     options = {
-        option: _figure(
-            _step_ratio(results, (f"towerbench:{option}", 1, fixed), ("towerbench", 1, fixed))
+        option: ratio_figure(
+            step_ratio(results, (f"towerbench:{option}", 1, fixed), ("towerbench", 1, fixed))
         )
         for option in settings.options
     }
     batch = settings.per_tower_batch
     networks = {
-        network: _figure(
-            _step_ratio(
+        network: ratio_figure(
+            step_ratio(
                 results,
                 (f"towerbench@{network}", 1, batch),
                 (f"keras_mirrored@{network}", 1, batch),
@@ -138,7 +140,7 @@ def achieved_flops(results: dict[str, Any], settings, runner: str = "towerbench"
     return results["flops_per_example"]["training"] * batch / seconds
 
 
-def _interval_text(figure: dict[str, Any], percent: bool = False) -> str:
+def interval_text(figure: dict[str, Any], percent: bool = False) -> str:
     """The figure as `1.077 [1.021, 1.136]` (or with `(1 round: no interval)`)."""
     shown = (lambda v: f"{v:.1%}") if percent else (lambda v: f"{v:.3f}")
     if figure["low"] is None:
@@ -147,9 +149,9 @@ def _interval_text(figure: dict[str, Any], percent: bool = False) -> str:
 
 
 def _judged(figure: dict[str, Any], bound: float, at_most: bool, percent: bool = False) -> tuple:
-    """The figure's `_interval_text` and whether its whole interval meets `bound`: None when the
+    """The figure's `interval_text` and whether its whole interval meets `bound`: None when the
     interval straddles it (or is unknown), i.e. too wide to judge."""
-    text = _interval_text(figure, percent)
+    text = interval_text(figure, percent)
     low, high = figure["low"], figure["high"]
     if low is None:
         return text, None
@@ -162,7 +164,7 @@ def _judged(figure: dict[str, Any], bound: float, at_most: bool, percent: bool =
 
 def _untargeted_row(name: str, figure: dict[str, Any]) -> TargetRow:
     """A ratio reported with its interval and no target."""
-    return TargetRow(name, "—", _interval_text(figure), None)
+    return TargetRow(name, "—", interval_text(figure), None)
 
 
 def target_rows(summary: dict[str, Any], settings) -> list[TargetRow]:
