@@ -374,3 +374,45 @@ def test_train_takes_a_model_file_next_to_the_params_file(tmp_path, capfd, tower
     assert document["config"]["model"] == f"{tmp_path}/net.py:build"
     assert (document["config"]["towers"], document["config"]["workers"]) == (towers, workers)
     assert document["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_a_user_model_resumed_from_its_checkpoint_ends_as_an_uninterrupted_run(tmp_path):
+    """BatchNorm's moving statistics, the dropout masks' RNG and the optimizer all come back:
+    killed after a checkpoint and resumed, it ends with the same weights, bit for bit."""
+    from towerbench.model import training
+
+    data_dir = fixtures_model.write_digits(tmp_path / "data", train=300, test=60)
+    model = f"{_model_file(tmp_path, USER_MODEL)}:build"
+    config = TrainConfig(
+        dataset="digits", model=model, towers=2, global_batch=64, epochs=2, checkpoint_every=3
+    )
+    uninterrupted = training.train(config, data_dir)
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_step_7(metrics) -> None:
+        if metrics["step"] == 7:
+            raise Killed
+
+    steps_after_resume: list[int] = []
+    original = training.PROGRESS_SECONDS
+    training.PROGRESS_SECONDS = 0.0  # progress after every step
+    try:
+        with pytest.raises(Killed):
+            training.train(config, data_dir, tmp_path / "ckpt", on_progress=kill_at_step_7)
+        resumed = training.train(
+            config,
+            data_dir,
+            tmp_path / "ckpt",
+            on_progress=lambda metrics: steps_after_resume.append(metrics["step"]),
+        )
+    finally:
+        training.PROGRESS_SECONDS = original
+    assert min(steps_after_resume) == 7  # from the checkpoint at step 6, not from the start
+    assert resumed.final.steps == uninterrupted.final.steps == 10
+    for after_resume, straight in zip(
+        resumed.model.get_weights(), uninterrupted.model.get_weights(), strict=True
+    ):
+        np.testing.assert_array_equal(after_resume, straight)
