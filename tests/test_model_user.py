@@ -333,9 +333,13 @@ def test_batchnorm_moving_statistics_end_as_the_mean_of_the_towers_updates(tmp_p
 
 
 @pytest.mark.slow
-def test_gradcheck_on_a_users_batchnorm_network_agrees_with_ghost_batchnorm(tmp_path):
+def test_gradcheck_on_a_users_batchnorm_network_agrees_with_ghost_batchnorm(tmp_path, capsys):
     path = _model_file(tmp_path, USER_MODEL)
-    result = run_gradcheck(f"{path}:build", 2, global_batch=16, seed=1, input_shape=(8, 8, 1))
+    data_dir = fixtures_model.write_digits(tmp_path / "data", train=64, test=16)
+    command = ["gradcheck", "--model", f"{path}:build", "--towers", "2", "--global-batch", "16"]
+    assert main([*command, "--seed", "1", "--data-dir", str(data_dir), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["images"] == "8x8x1, 10 classes: the shape 'digits' feeds"  # not 32x32x3
     assert result["batchnorm"] and [n[:7] for n in result["dropout_disabled"]] == ["dropout"]
     assert result["ghost_vs_mean"]["max_rel_diff"] <= 1e-5
     assert result["mirrored_vs_mean"]["max_rel_diff"] <= 1e-5

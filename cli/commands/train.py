@@ -17,6 +17,7 @@ from towerbench.cli.options import (
     overrides_from_args,
 )
 from towerbench.config.load import Override, load
+from towerbench.config.model_ref import parse_model
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.core.outcome import Status
 from towerbench.model.cluster import TF_CONFIG, Cluster
@@ -25,7 +26,9 @@ from towerbench.model.training_data import check_training_data
 from towerbench.tasks.local_cluster import run_local_cluster
 
 # What gradcheck takes from the training configuration: the network, the towers, one batch.
-GRADCHECK_FIELDS = frozenset({"model", "towers", "workers", "global_batch", "seed", "precision"})
+GRADCHECK_FIELDS = frozenset(
+    {"model", "dataset", "towers", "workers", "global_batch", "seed", "precision"}
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,11 +59,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Show that averaged tower gradients equal one device's (and MirroredStrategy's).",
         description="One fixed batch through one device, k towers averaged, k towers summed and "
         "MirroredStrategy; with --workers N also N worker processes of k towers each, averaged "
-        "across workers. Options not given take the params file's train: section, else the "
-        "default.",
+        "across workers. Your own model gets images of the dataset's shape (after cropping) "
+        "and its classes when DATA_DIR/tfrecords/<dataset> is preprocessed, else 32x32x3. "
+        "Options not given take the params file's train: section, else the default.",
     )
     add_params_option(gradcheck)
     add_model_options(gradcheck, TrainConfig, only=GRADCHECK_FIELDS)
+    add_model_options(gradcheck, DataConfig)
     add_json_option(gradcheck, "the comparison")
     gradcheck.set_defaults(handler=run_gradcheck_command)
 
@@ -189,9 +194,28 @@ def run_train(args: argparse.Namespace) -> CommandResult:
     return CommandResult(0 if result.status == Status.COMPLETED else 1, summary)
 
 
+def gradcheck_images(config: TrainConfig, data_dir: Path) -> tuple[dict, str]:
+    """What gradcheck feeds a user's model (run_gradcheck's `input_shape`, `num_classes`) and
+    why: the dataset's shape after cropping and its classes when it is preprocessed."""
+    from towerbench.model.input_pipeline import network_input_shape
+    from towerbench.model.tfrecords import MANIFEST_NAME, dataset_dir, load_manifest
+
+    if parse_model(config.model).builtin:
+        return {}, "the network's own input shape"
+    folder = dataset_dir(data_dir, config.dataset)
+    if not (folder / MANIFEST_NAME).is_file():
+        return {}, f"32x32x3, 10 classes: no preprocessed {config.dataset!r} in {data_dir}"
+    manifest = load_manifest(folder)
+    shape = network_input_shape(manifest.image_shape, config.crop_size)
+    classes = len(manifest.classes)
+    why = f"{'x'.join(map(str, shape))}, {classes} classes: the shape {config.dataset!r} feeds"
+    return {"input_shape": shape, "num_classes": classes}, why
+
+
 def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
-    overrides = _train_overrides(args, GRADCHECK_FIELDS)
-    config = load(args.params, overrides, resolve_tracking=False).train
+    overrides = _train_overrides(args, GRADCHECK_FIELDS) + overrides_from_args(DataConfig, args)
+    params = load(args.params, overrides, resolve_tracking=False)
+    config = params.train
     if config.workers > 1 and not os.environ.get(TF_CONFIG):
         return _run_local_cluster(args, config.workers)
     import_tensorflow()
@@ -201,14 +225,22 @@ def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
 
     tf.get_logger().setLevel("ERROR")  # four trainers on one batch: retracing warnings are noise
     cluster = Cluster.from_environment(config.collective_timeout)
+    images, why = gradcheck_images(config, params.data.data_dir)
     result = run_gradcheck(
-        config.model, config.towers, config.global_batch, config.seed, cluster, config.precision
+        config.model,
+        config.towers,
+        config.global_batch,
+        config.seed,
+        cluster,
+        config.precision,
+        **images,
     )
     if not cluster.is_chief:
         return CommandResult(0, {})
+    result["images"] = why
     print(
         f"{config.model}: {config.towers} tower(s) on {result['device_kind']} devices, "
-        f"global batch {config.global_batch}"
+        f"global batch {config.global_batch}; images {why}"
     )
     header = f"{'variable':32s} {'mean vs single':>16s} {'mirrored vs single':>20s}"
     print(header + "   (relative difference of gradients ||a-b||inf/||b||inf)")
