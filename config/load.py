@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from towerbench.config.model_ref import absolute_model
+from towerbench.config.model_ref import absolute_model, parse_model
 from towerbench.config.params import (
     Params,
     ReportConfig,
@@ -48,6 +48,7 @@ TRACKING_URI: Key = ("tracking", "tracking_uri")
 ARTIFACT_ROOT: Key = ("tracking", "artifact_root")
 PRESET: Key = ("sweep", "preset")
 TRAIN_MODEL: Key = ("train", "model")
+WEIGHT_DECAY: Key = ("train", "weight_decay")
 GRID_MODEL: Key = ("sweep", "grid", "model")
 
 
@@ -134,8 +135,25 @@ def load(
     except ValidationError as error:
         name_of = _location_namer(params_path, {o.key: o.option for o in overrides})
         raise TowerbenchError(describe_validation_error(error, name_of)) from None
+    _refuse_weight_decay_of_a_user_model(params, params_path, given)
     file_dir = params_path.resolve().parent if params_path is not None else None
     return _absolute_locations(params, file_dir, given, resolve_tracking, params_path)
+
+
+def _refuse_weight_decay_of_a_user_model(
+    params: Params, params_path: Path | None, given: set[Key]
+) -> None:
+    """`train.weight_decay` set (not by a preset) beside a user's model: that model's weight
+    decay is its own regularizers', so the setting would be silently ignored."""
+    user_model = params.train.model
+    if "weight_decay" not in params.train.model_fields_set or parse_model(user_model).builtin:
+        return
+    where = "--weight-decay" if WEIGHT_DECAY in given else f"{params_path}: train.weight_decay"
+    raise TowerbenchError(
+        f"{where}: applies to the built-in networks only, not to {user_model}: your model's "
+        "weight decay is its layers' kernel_regularizer, reported as the loss table's "
+        "weight-decay term"
+    )
 
 
 def _section(raw: dict[str, Any], key: Key, params_path: Path | None) -> dict[str, Any]:

@@ -135,7 +135,7 @@ class TrainConfig(StrictModel):
         "path/to/file.py:function (relative to the params file's folder) or "
         "package.module:function, called as function(input_shape, num_classes) and returning "
         "an uncompiled Keras model whose output is logits (its layers' regularizers are its "
-        "weight decay; weight_decay applies to built-in networks only).",
+        "weight decay; setting weight_decay beside one is refused).",
     )
     towers: int = Field(1, ge=1, le=1024, description="Towers per worker, one per device.")
     workers: int = Field(

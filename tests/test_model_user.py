@@ -420,3 +420,18 @@ def test_a_user_model_resumed_from_its_checkpoint_ends_as_an_uninterrupted_run(t
         resumed.model.get_weights(), uninterrupted.model.get_weights(), strict=True
     ):
         np.testing.assert_array_equal(after_resume, straight)
+
+
+def test_weight_decay_set_beside_a_user_model_is_refused_in_one_line(tmp_path, capsys):
+    path = _model_file(tmp_path, USER_MODEL)
+    params = tmp_path / "params.yaml"
+    params.write_text(f"train:\n  model: {path.name}:build\n  weight_decay: 0.001\n")
+    with pytest.raises(TowerbenchError, match=rf"{params}: train.weight_decay: applies to the b"):
+        load(params, resolve_tracking=False)
+    params.write_text(f"train:\n  model: {path.name}:build\n  dataset: cifar10\n")
+    assert load(params, resolve_tracking=False).train.model.endswith("net.py:build")  # presets
+    command = ["train", "--model", f"{path}:build", "--weight-decay", "1e-4"]
+    assert main([*command, "--data-dir", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "--weight-decay: applies to the built-in" in error
+    assert "kernel_regularizer" in error
