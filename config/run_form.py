@@ -12,8 +12,10 @@ from typing import Any
 from pydantic import BaseModel, create_model
 
 from towerbench.config.load import Override, override_at
+from towerbench.config.model_ref import absolute_model
 from towerbench.config.params import Params, SweepGrid
 from towerbench.config.sections import FetchConfig, StrictModel, TrainConfig, dataset_name
+from towerbench.core.errors import TowerbenchError
 
 DATASET_FIELDS = ("source", "url", "name")
 SWEEP_FIELDS = (
@@ -49,6 +51,19 @@ DatasetChoice = _pick(
 SweepChoice = _pick(
     "SweepChoice", SweepGrid, SWEEP_FIELDS, "The lists the sweep compares, and where it runs."
 )
+
+
+def model_override(model: str | None, params_path: Path | None) -> list[Override]:
+    """The form's `model` text (empty: the params file's) as an override; a model file is taken
+    relative to the params file's folder, as params.yaml's are (a served flow runs elsewhere).
+    One line naming `model` when it is not a model reference or the file is missing."""
+    if model is None or not model.strip():
+        return []
+    base = params_path.resolve().parent if params_path is not None else Path.cwd()
+    try:
+        return [Override(TrainConfig, "model", absolute_model(model.strip(), base), "model")]
+    except ValueError as error:
+        raise TowerbenchError(f"model: {error}") from None
 
 
 def form_parameters(params: Params, params_path: Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from mlflow.entities import RunStatus
 from prefect import flow, get_run_logger
@@ -22,8 +22,9 @@ from towerbench.config.advise import (
     verification_configs,
     verification_grid,
 )
-from towerbench.config.load import Override, load, override_at
+from towerbench.config.load import load, override_at
 from towerbench.config.params import Params
+from towerbench.config.run_form import model_override
 from towerbench.config.sections import TrainConfig
 from towerbench.flows.sweep import plan_sweep, run_sweep
 from towerbench.tasks.advice import (
@@ -41,8 +42,6 @@ from towerbench.tasks.advise_recipe import Measurements, Recipe, choose_recipe
 from towerbench.tasks.advise_verdict import Verification, verify_outcome
 from towerbench.tasks.fork_server import start_fork_server_for
 from towerbench.tasks.sweep_lock import only_live_sweep
-
-ModelName = Literal["tutorial", "tutorial_bn", "resnet20"]
 
 
 def probe_and_choose(
@@ -123,7 +122,7 @@ def advise_params(params: Params, advice: AdviseConfig, fresh: bool = False) -> 
 @flow(name="advise")
 def advise(
     advice: AdviseConfig,
-    model: ModelName | None = None,
+    model: str | None = None,
     dataset: str | None = None,
     params_file: str | None = "params.yaml",
     advanced: dict[str, Any] | None = None,
@@ -134,17 +133,17 @@ def advise(
     Args:
         advice: The towers (per worker) and workers to advise for, the verification's seeds,
             whether to verify, and the probe's length.
-        model: The network; default: the params file's.
+        model: The network; empty: the params file's. A built-in name (tutorial, tutorial_bn,
+            resnet20) or your own, path/to/file.py:function (relative to the params file's
+            folder) or package.module:function.
         dataset: The preprocessed dataset; default: the params file's.
         params_file: The params.yaml every other setting comes from (none: the defaults).
         advanced: Any other setting, keyed as in params.yaml, e.g. {"train.base_lr": 0.05}.
         fresh: Verify anew even if an identical verification was interrupted (default: resume).
     """
-    overrides: list[Override] = [
-        override_at(f"train.{name}", value, name)
-        for name, value in (("model", model), ("dataset", dataset))
-        if value is not None
-    ]
-    overrides += [override_at(key, value, key) for key, value in (advanced or {}).items()]
     path = Path(params_file) if params_file else None
+    overrides = model_override(model, path)
+    if dataset is not None:
+        overrides.append(override_at("train.dataset", dataset, "dataset"))
+    overrides += [override_at(key, value, key) for key, value in (advanced or {}).items()]
     return advise_params(load(path, overrides), advice, fresh)

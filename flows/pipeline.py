@@ -9,7 +9,12 @@ from prefect import flow
 
 from towerbench.config.load import load
 from towerbench.config.params import Params
-from towerbench.config.run_form import DatasetChoice, SweepChoice, form_overrides
+from towerbench.config.run_form import (
+    DatasetChoice,
+    SweepChoice,
+    form_overrides,
+    model_override,
+)
 from towerbench.config.sections import TrainConfig, dataset_name, one_value
 from towerbench.core.errors import TowerbenchError
 from towerbench.flows.sweep import FlowKind, sweep_params
@@ -54,6 +59,7 @@ def pipeline(
     dataset: DatasetChoice = DatasetChoice(),  # type: ignore[valid-type]  # noqa: B008
     sweep: SweepChoice = SweepChoice(),  # type: ignore[valid-type]  # noqa: B008
     epochs: Epochs = TrainConfig.model_fields["epochs"].default,  # type: ignore[valid-type]
+    model: str | None = None,
     advanced: dict[str, Any] | None = None,
     params_file: str = "params.yaml",
     fresh: bool = False,
@@ -65,6 +71,9 @@ def pipeline(
             describe is built by DVC in datasets/NAME/ beside it; params.yaml is not edited.
         sweep: The lists to compare; one run per combination and seed.
         epochs: Epochs of the reference batch (see sweep.budget).
+        model: The network; empty: the params file's. A built-in name (tutorial, tutorial_bn,
+            resnet20) or your own, path/to/file.py:function (relative to the params file's
+            folder) or package.module:function.
         advanced: Any other setting, keyed as in params.yaml, e.g. {"train.base_lr": 0.05}.
         params_file: The params.yaml every other setting comes from.
         fresh: Start anew even if an identical sweep was interrupted (default: resume it).
@@ -72,5 +81,6 @@ def pipeline(
     one_line_user_errors()
     path = Path(params_file)
     in_file = load(path, resolve_tracking=False)
-    overrides = form_overrides(dataset, sweep, epochs, advanced or {}, in_file.fetch)
+    overrides = model_override(model, path)
+    overrides += form_overrides(dataset, sweep, epochs, advanced or {}, in_file.fetch)
     return run_pipeline(load(path, overrides), path.resolve().parent, "pipeline", fresh)

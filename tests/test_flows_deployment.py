@@ -131,14 +131,17 @@ def test_the_run_form_asks_each_setting_once(served_project) -> None:
         "dataset",
         "sweep",
         "epochs",
+        "model",
         "advanced",
         "params_file",
         "fresh",
     ]
+    model = schema["properties"]["model"]  # a text field, with the reference's forms as help
+    assert {"type": "string"} in model["anyOf"] and "file.py:function" in model["description"]
     names = [
         field for group in schema["definitions"].values() for field in group.get("properties", {})
     ] + list(schema["properties"])
-    assert len(names) == len(set(names)) == 16, names  # 3 dataset + 7 sweep + 6 fields
+    assert len(names) == len(set(names)) == 17, names  # 3 dataset + 7 sweep + 7 fields
     assert all("<" not in str(group) for group in schema["definitions"].values())
     assert deployment.parameters["params_file"] == str(project / "params.yaml")
     assert deployment.parameters["sweep"]["towers"] == [2]  # params.yaml's values

@@ -10,7 +10,13 @@ import yaml
 from pydantic import ValidationError
 
 from towerbench.config.load import load
-from towerbench.config.run_form import DatasetChoice, SweepChoice, form_overrides, form_parameters
+from towerbench.config.run_form import (
+    DatasetChoice,
+    SweepChoice,
+    form_overrides,
+    form_parameters,
+    model_override,
+)
 from towerbench.config.sections import dataset_name
 from towerbench.core.errors import TowerbenchError
 from towerbench.tasks.dvc_stages import FORM_DATASETS, data_stages
@@ -78,3 +84,18 @@ def test_form_sections_refuse_what_the_config_refuses(section, values, where) ->
     with pytest.raises(ValidationError) as raised:
         section(**values)
     assert [".".join(map(str, error["loc"])) for error in raised.value.errors()] == [where]
+
+
+def test_the_forms_model_file_is_taken_beside_the_params_file(tmp_path, monkeypatch) -> None:
+    params_path = project(tmp_path / "p", {"source": "digits", "name": "digits"})
+    (params_path.parent / "nets").mkdir()
+    (params_path.parent / "nets" / "net.py").write_text("def build(shape, classes): ...\n")
+    monkeypatch.chdir(tmp_path)  # a served flow runs in another folder
+    overrides = model_override(" nets/net.py:build ", params_path)
+    chosen = load(params_path, overrides, resolve_tracking=False).train.model
+    assert chosen == f"{params_path.parent / 'nets' / 'net.py'}:build"
+    assert model_override("", params_path) == model_override(None, params_path) == []
+    with pytest.raises(TowerbenchError, match=r"^model: nets/other.py: no such model file"):
+        model_override("nets/other.py:build", params_path)
+    with pytest.raises(TowerbenchError, match="^model: .*not a built-in network"):
+        model_override("resnet50", params_path)
