@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -207,9 +208,21 @@ def test_the_form_schema_has_the_configs_bounds_and_the_server_enforces_them(
                 )
 
 
+SMALL_MODEL = """
+import keras
+
+def build(input_shape, num_classes):
+    inputs = keras.Input(shape=input_shape)
+    x = keras.layers.Flatten()(inputs)
+    x = keras.layers.BatchNormalization()(keras.layers.Dense(16, activation="relu")(x))
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(x))
+"""
+
+
 def test_a_dataset_other_than_params_yaml_is_built_by_dvc_and_trained(served_project) -> None:
     """The form's dataset is not params.yaml's: DVC builds it beside the file (which stays as it
-    was), the run completes, and MLflow records that dataset's DVC hash."""
+    was), the run trains the user's model the form names, and MLflow records that dataset's DVC
+    hash."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -225,6 +238,9 @@ def test_a_dataset_other_than_params_yaml_is_built_by_dvc_and_trained(served_pro
             form = client.read_deployment_by_name(PIPELINE).parameters
         form["dataset"]["name"] = "digits-copy"
         form["advanced"] = {"train.crop_size": None}  # the digits preset goes by the name
+        (project / "nets").mkdir(exist_ok=True)  # the user's model, in the form's text field
+        (project / "nets" / "net.py").write_text(SMALL_MODEL)
+        form["model"] = "nets/net.py:build"
         flow_run = run_deployment(PIPELINE, parameters=form, timeout=420, poll_interval=2)
     serve_log = (logs / "serve.log").read_text()[-3000:]
     assert flow_run.state is not None and flow_run.state.is_completed(), serve_log
@@ -241,6 +257,9 @@ def test_a_dataset_other_than_params_yaml_is_built_by_dvc_and_trained(served_pro
     )
     assert [run.data.params["towers"] for run in children] == ["2"]
     assert {run.data.params["dataset"] for run in children} == {"digits-copy"}
+    assert {run.data.params["model_function"] for run in children} == {"build"}
+    digest = hashlib.sha256(SMALL_MODEL.encode()).hexdigest()
+    assert {run.data.params["model_digest"] for run in children} == {digest}
     assert {run.data.tags["towerbench.status"] for run in children} == {"completed"}
     # The data version is DVC's content hash of that dataset's TFRecords folder.
     lock = yaml.safe_load((project / "datasets" / "digits-copy" / "dvc.lock").read_text())
