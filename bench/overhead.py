@@ -32,7 +32,7 @@ from towerbench.core.outcome import Status
 from towerbench.speed.settings import BenchSettings
 from towerbench.speed.suite import write_synthetic_cifar
 from towerbench.speed.timing import interleaved, time_once
-from towerbench.tasks.fork_server import start_fork_server
+from towerbench.tasks.training.fork_server import start_fork_server
 
 DATASET = "benchcifar"
 TEST_EXAMPLES = 256
@@ -62,17 +62,18 @@ def _start_prefect_server() -> None:
     flow(name="bench-start-server")(lambda: None)()
 
 
-TRAINING_MODULES = "towerbench.tasks.evaluate, towerbench.model.training"
+TRAINING_MODULES = "towerbench.tasks.training.evaluate, towerbench.model.training"
 
 
 def _start_training_process() -> None:
     """What the flow's one-process-per-configuration costs before training: a Python process
-    importing TensorFlow, MLflow and the evaluation task (as tasks/train_worker.py does)."""
+    importing TensorFlow, MLflow and the evaluation task (as tasks/training/worker.py does)."""
     subprocess.run(
         [
             sys.executable,
             "-c",
-            "import tensorflow, mlflow, towerbench.tasks.evaluate, towerbench.model.training",
+            "import tensorflow, mlflow, towerbench.tasks.training.evaluate,"
+            " towerbench.model.training",
         ],
         check=True,
         capture_output=True,

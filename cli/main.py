@@ -18,7 +18,7 @@ from towerbench.cli.console import CommandResult, as_json, stdout_reserved
 from towerbench.core.errors import TowerbenchError
 from towerbench.model import cluster
 from towerbench.serve.telemetry import telemetry_off_unless_opted_in
-from towerbench.tasks.local_cluster import end_with_launcher
+from towerbench.tasks.training.local_cluster import end_with_launcher
 
 # Each module has `register(subparsers)`, adding its subcommands with a handler that returns an
 # exit status, or a CommandResult when the command has `--json`.

@@ -1,7 +1,7 @@
 """The `advise` flow: probe the 1-tower run, choose the K-tower recipe, keep it, check it.
 
 Read top to bottom: `probe_and_choose` (the probe in a process of its own, then
-tasks/advise_recipe.py's rules on what it measured), `keep_recipe` (advise-<id>.yaml and the
+tasks/advise/recipe.py's rules on what it measured), `keep_recipe` (advise-<id>.yaml and the
 advise run in MLflow) and `verify_recipe` (the sweep's own steps on 1 tower and the recipe's K
 towers for S seeds: MLflow, resume, pools, the report; then one verdict).
 """
@@ -27,7 +27,7 @@ from towerbench.config.params import Params
 from towerbench.config.run_form import model_override
 from towerbench.config.sections import TrainConfig
 from towerbench.flows.sweep import plan_sweep, run_sweep
-from towerbench.tasks.advice import (
+from towerbench.tasks.advise.advice import (
     Advice,
     finish_advice_run,
     log_advice,
@@ -37,11 +37,11 @@ from towerbench.tasks.advice import (
     start_advice_run,
     write_params_file,
 )
-from towerbench.tasks.advise_probe import ProbeRequest, measurements, probe_lines, probe_task
-from towerbench.tasks.advise_recipe import Measurements, Recipe, choose_recipe
-from towerbench.tasks.advise_verdict import Verification, verify_outcome
-from towerbench.tasks.fork_server import start_fork_server_for
+from towerbench.tasks.advise.probe import ProbeRequest, measurements, probe_lines, probe_task
+from towerbench.tasks.advise.recipe import Measurements, Recipe, choose_recipe
+from towerbench.tasks.advise.verdict import Verification, verify_outcome
 from towerbench.tasks.sweep_lock import only_live_sweep
+from towerbench.tasks.training.fork_server import start_fork_server_for
 
 
 def probe_and_choose(

@@ -2,8 +2,8 @@
 
 The sweep created the configuration's MLflow run and wrote which attempt owns it; this flow
 checks that the worker holds the sweep's data (pulling it with DVC), records where it runs, and
-trains in a process of its own as a local sweep would (tasks/train.py), resuming from the run's
-checkpoint when the data folder is shared. An attempt the sweep has replaced stops.
+trains in a process of its own as a local sweep would (tasks/training/train.py), resuming from
+the run's checkpoint when the data folder is shared. An attempt the sweep has replaced stops.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from towerbench.config.model_ref import model_in_checkout
 from towerbench.config.params import TrackingConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Outcome, Status
-from towerbench.tasks.data_check import ensure_data
-from towerbench.tasks.fork_server import start_fork_server_for
+from towerbench.tasks.data.check import ensure_data
 from towerbench.tasks.tracking import (
     ATTEMPT_TAG,
     DEVICES_TAG,
@@ -37,8 +36,9 @@ from towerbench.tasks.tracking import (
     run_outcome,
     set_tags,
 )
-from towerbench.tasks.train import checkpoint_dir, train_configuration
-from towerbench.tasks.train_worker import WorkerRequest
+from towerbench.tasks.training.fork_server import start_fork_server_for
+from towerbench.tasks.training.train import checkpoint_dir, train_configuration
+from towerbench.tasks.training.worker import WorkerRequest
 
 CONFIG_FLOW = "train-config"
 WORKER_ENV = "PREFECT__WORKER_NAME"  # set by Prefect's worker

@@ -35,7 +35,7 @@ from towerbench.tasks.tracking import (
     run_outcome,
     set_tags,
 )
-from towerbench.tasks.train_worker import WorkerRequest
+from towerbench.tasks.training.worker import WorkerRequest
 
 MAX_ATTEMPTS = 3
 POLL_SECONDS = 2.0

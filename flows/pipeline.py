@@ -18,9 +18,9 @@ from towerbench.config.run_form import (
 from towerbench.config.sections import TrainConfig, dataset_name, one_value
 from towerbench.core.errors import TowerbenchError
 from towerbench.flows.sweep import FlowKind, sweep_params
-from towerbench.tasks.dvc_stages import check_dvc_project
-from towerbench.tasks.fetch import fetch_task
-from towerbench.tasks.preprocess import preprocess_task
+from towerbench.tasks.data.dvc_stages import check_dvc_project
+from towerbench.tasks.data.fetch import fetch_task
+from towerbench.tasks.data.preprocess import preprocess_task
 from towerbench.tasks.report import publish_artifact
 from towerbench.tasks.user_errors_log import one_line_user_errors
 

@@ -42,8 +42,7 @@ from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.config.tracking_uri import PROJECT_DIR, resolve_tracking
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import ConfigSummary, Outcome, Status, SweepResult
-from towerbench.tasks.data_check import manifest_digest
-from towerbench.tasks.fork_server import start_fork_server_for
+from towerbench.tasks.data.check import manifest_digest
 from towerbench.tasks.report import make_report
 from towerbench.tasks.sweep_lock import only_live_sweep
 from towerbench.tasks.tracking import (
@@ -61,8 +60,9 @@ from towerbench.tasks.tracking import (
     sweep_key,
     unfinished_sweep,
 )
-from towerbench.tasks.train import checkpoint_dir, train_configuration
-from towerbench.tasks.train_worker import WorkerRequest
+from towerbench.tasks.training.fork_server import start_fork_server_for
+from towerbench.tasks.training.train import checkpoint_dir, train_configuration
+from towerbench.tasks.training.worker import WorkerRequest
 
 FlowKind = Literal["sweep", "pipeline", "benchmark", "advise"]
 

@@ -26,6 +26,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+# Equal epochs suffice when a batch needs at most this many times the reference's epochs
+# (the report's verdicts and the advise recipe both judge by it).
+EPOCHS_TOLERANCE = 1.25
+
 
 def advising_noise_scale(per_epoch: Iterable[float | None]) -> float | None:
     """The harmonic mean of the positive, finite per-epoch noise scales; None without any."""

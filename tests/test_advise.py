@@ -21,9 +21,9 @@ from towerbench.config.load import load
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import ConfigSummary, Status, SweepResult
 from towerbench.model.probe import WINDOW, NoiseProbe, ProbeResult, divergence, probe
-from towerbench.tasks.advise_probe import settled_noise_scale
-from towerbench.tasks.advise_recipe import Measurements, choose_recipe
-from towerbench.tasks.advise_verdict import verify_outcome
+from towerbench.tasks.advise.probe import settled_noise_scale
+from towerbench.tasks.advise.recipe import Measurements, choose_recipe
+from towerbench.tasks.advise.verdict import verify_outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 CHANCE = math.log(10)

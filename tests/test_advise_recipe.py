@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from towerbench.tasks.advise_recipe import Measurements, choose_recipe, predicted_gain
+from towerbench.tasks.advise.recipe import Measurements, choose_recipe, predicted_gain
 
 # The tutorial network's CIFAR-10 setting (README): 4 towers of 128 against the reference 128 at
 # base LR 0.1; the probe's instability above the stable LR quoted in the reasons.
@@ -156,7 +156,7 @@ def test_bad_measurements_are_refused_by_name():
 
 
 def test_choosing_a_recipe_loads_no_tensorflow():
-    script = "import sys, towerbench.tasks.advise_recipe\nprint('tensorflow' in sys.modules)\n"
+    script = "import sys, towerbench.tasks.advise.recipe\nprint('tensorflow' in sys.modules)\n"
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True
     )

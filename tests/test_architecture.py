@@ -191,9 +191,53 @@ def test_orchestrating_processes_import_neither_tensorflow_nor_scikit_learn() ->
     assert loaded_alongside(modules, {"sklearn", "tensorflow"}) == []
 
 
-@pytest.mark.parametrize("package", ["flows", "tasks"])
-def test_orchestration_functions_stay_short(package: str) -> None:
-    """Flows and tasks read as short named steps: no function over 60 lines."""
+# tasks/ is a hall of shared modules (tracking, locks, preflight) and wings, one folder per
+# feature. A wing imports the hall, lower floors and the wings before it in this order: advise
+# composes the others (its probe trains in a training process, its verdict uses the report's
+# statistics); data, training and report know nothing of each other.
+WINGS = ("data", "training", "report", "advise")
+
+
+def wings_imported(path: Path) -> set[str]:
+    """The wings of tasks/ that `path` imports."""
+    parts = (name.split(".") for name in towerbench_imports(path))
+    return {part[1] for part in parts if part[0] == "tasks" and len(part) > 2 and part[1] in WINGS}
+
+
+def test_tasks_are_a_hall_and_wings() -> None:
+    hall = sorted(path.name for path in (ROOT / "tasks").glob("*.py"))
+    folders = sorted(
+        path.name for path in (ROOT / "tasks").iterdir() if (path / "__init__.py").exists()
+    )
+    assert len(hall) <= 8, hall
+    assert folders == sorted(WINGS)
+
+
+@pytest.mark.parametrize(
+    ("wing", "others"),
+    [(wing, set(WINGS) - set(WINGS[: index + 1])) for index, wing in enumerate(WINGS)],
+)
+def test_wings_import_no_later_wing(wing: str, others: set[str]) -> None:
+    offenders = {
+        module_name(path): sorted(wings_imported(path) & others)
+        for path in sorted((ROOT / "tasks" / wing).rglob("*.py"))
+        if wings_imported(path) & others
+    }
+    assert not offenders, f"tasks/{wing}/ imports a later wing: {offenders}"
+
+
+def test_the_hall_imports_no_wing() -> None:
+    offenders = {
+        module_name(path): sorted(wings_imported(path))
+        for path in sorted((ROOT / "tasks").glob("*.py"))
+        if wings_imported(path)
+    }
+    assert not offenders, f"the tasks/ hall imports a wing: {offenders}"
+
+
+@pytest.mark.parametrize("package", FLOORS)
+def test_functions_fit_on_one_screen(package: str) -> None:
+    """Every function reads as short named steps: none over 60 lines."""
     long = [
         f"{module_name(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
         for path in sorted((ROOT / package).rglob("*.py"))

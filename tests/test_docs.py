@@ -149,8 +149,8 @@ def test_architecture_page_names_the_path_of_a_sweep() -> None:
         "flows/sweep.py:open_sweep",
         "flows/sweep.py:train_each",
         "flows/sweep.py:finish_sweep",
-        "tasks/fork_server.py:TrainingProcess",
-        "tasks/train_worker.py:forked_main",
+        "tasks/training/fork_server.py:TrainingProcess",
+        "tasks/training/worker.py:forked_main",
         "model/training.py:train",
         "model/towers.py:TowerTrainer._step",
         "tasks/tracking.py:create_config_run",
@@ -174,5 +174,7 @@ def test_a_wrong_name_is_caught(text: str) -> None:
 
 
 def test_an_existing_name_passes() -> None:
-    text = "`flows/sweep.py:sweep`, `towerbench.tasks.fork_server.PRELOAD`, `tasks/report/`"
+    text = (
+        "`flows/sweep.py:sweep`, `towerbench.tasks.training.fork_server.PRELOAD`, `tasks/report/`"
+    )
     assert [problem for _, problem in references(text) if problem] == []

@@ -20,8 +20,8 @@ from prefect.testing.utilities import prefect_test_harness
 
 from towerbench.config.sections import FetchConfig, PreprocessConfig
 from towerbench.core.errors import TowerbenchError
-from towerbench.tasks.dvc_stages import data_stages
-from towerbench.tasks.fetch import RETRY_DELAYS_SECONDS, fetch_task
+from towerbench.tasks.data.dvc_stages import data_stages
+from towerbench.tasks.data.fetch import RETRY_DELAYS_SECONDS, fetch_task
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 

@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from towerbench.config.sections import TrainConfig
-from towerbench.tasks.fork_server import TrainingProcess
-from towerbench.tasks.train_worker import WorkerRequest
+from towerbench.tasks.training.fork_server import TrainingProcess
+from towerbench.tasks.training.worker import WorkerRequest
 
 pytestmark = pytest.mark.slow  # starts processes that import TensorFlow
 
@@ -66,7 +66,7 @@ def test_a_script_without_a_main_guard_runs_once_and_its_server_ends_when_it_is_
             """
             import os, sys, time
             print("script ran", flush=True)
-            from towerbench.tasks.fork_server import TrainingProcess
+            from towerbench.tasks.training.fork_server import TrainingProcess
             process = TrainingProcess("not a request", dict(os.environ))
             print("exit", process.wait(timeout=120), flush=True)
             time.sleep(600)
@@ -86,8 +86,8 @@ def test_a_script_without_a_main_guard_runs_once_and_its_server_ends_when_it_is_
         [server] = _fork_servers(psutil.Process(owner.pid))
         owner.send_signal(signal.SIGKILL)
         owner.wait(timeout=30)
-        # At once: without tasks/fork_server_exit.py it spent 2 s or more (machine-dependent)
-        # tearing down TensorFlow and MLflow after its owner had gone.
+        # At once: without tasks/training/fork_server_exit.py it spent 2 s or more
+        # (machine-dependent) tearing down TensorFlow and MLflow after its owner had gone.
         deadline = time.monotonic() + 1
         while not _ended(server) and time.monotonic() < deadline:
             time.sleep(0.01)

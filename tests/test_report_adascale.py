@@ -18,8 +18,8 @@ from towerbench.tasks.report import write_report
 from towerbench.tasks.report.reading import run_record
 from towerbench.tasks.report.statistics import ADASCALE_METRICS
 from towerbench.tasks.tracking import create_config_run, ensure_experiment, start_sweep_run
-from towerbench.tasks.train import run_training_process
-from towerbench.tasks.train_worker import WorkerRequest
+from towerbench.tasks.training.train import run_training_process
+from towerbench.tasks.training.worker import WorkerRequest
 
 pytestmark = pytest.mark.slow  # trains, in processes of its own
 

@@ -19,7 +19,7 @@ from towerbench.config.run_form import (
 )
 from towerbench.config.sections import dataset_name
 from towerbench.core.errors import TowerbenchError
-from towerbench.tasks.dvc_stages import FORM_DATASETS, data_stages
+from towerbench.tasks.data.dvc_stages import FORM_DATASETS, data_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 

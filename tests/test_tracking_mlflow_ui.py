@@ -26,8 +26,8 @@ from towerbench.tasks.tracking import (
     run_url,
     runs_url,
 )
-from towerbench.tasks.train import run_training_process
-from towerbench.tasks.train_worker import WorkerRequest
+from towerbench.tasks.training.train import run_training_process
+from towerbench.tasks.training.worker import WorkerRequest
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 

@@ -16,8 +16,8 @@ from towerbench.config.params import TrackingConfig
 from towerbench.config.sections import TrainConfig
 from towerbench.config.tracking_uri import resolve_tracking
 from towerbench.tasks.tracking import create_config_run, ensure_experiment, sweep_key
-from towerbench.tasks.train import run_training_process
-from towerbench.tasks.train_worker import WorkerRequest
+from towerbench.tasks.training.train import run_training_process
+from towerbench.tasks.training.worker import WorkerRequest
 
 NET = """
 import keras

@@ -34,7 +34,7 @@ RUN_OUTPUT = textwrap.dedent(
     The above exception was the direct cause of the following exception:
 
     Traceback (most recent call last):
-      File "/work/tasks/dvc_stages.py", line 88, in _check_matches_params
+      File "/work/tasks/data/dvc_stages.py", line 88, in _check_matches_params
         raise TowerbenchError(
     towerbench.core.errors.TowerbenchError: params.yaml: fetch.name: 'digits-copy' in the form, 'digits' in params.yaml
     22:29:21.710 | INFO    | Flow run 'amigurumi-asp' - Finished in state Failed('...')

@@ -32,7 +32,7 @@ from towerbench.config.tracking_uri import check_store_exists
 from towerbench.core.outcome import Status, SweepResult
 from towerbench.core.reaper import temporary_files_of_this_process
 from towerbench.model.training_data import check_training_data
-from towerbench.tasks.dvc_stages import check_dvc_project
+from towerbench.tasks.data.dvc_stages import check_dvc_project
 
 # Prefect starts a temporary API server when none is configured; its default 20 s start-up
 # budget is too short on a busy 2-core machine.
@@ -53,7 +53,7 @@ def prepare_prefect(params: Params) -> None:
     from towerbench.tasks.preflight import check_servers
 
     check_servers(params.tracking.tracking_uri)  # before the slow imports and any training
-    from towerbench.tasks.fork_server import start_fork_server_for
+    from towerbench.tasks.training.fork_server import start_fork_server_for
 
     start_fork_server_for(expand(params.train, params.sweep), params.sweep.pool)
     from towerbench.serve.temporary_server import start_owned_temporary_server

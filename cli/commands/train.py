@@ -23,7 +23,7 @@ from towerbench.core.outcome import Status
 from towerbench.model.cluster import TF_CONFIG, Cluster
 from towerbench.model.records import EpochRecord
 from towerbench.model.training_data import check_training_data
-from towerbench.tasks.local_cluster import run_local_cluster
+from towerbench.tasks.training.local_cluster import run_local_cluster
 
 # What gradcheck takes from the training configuration: the network, the towers, one batch.
 GRADCHECK_FIELDS = frozenset(

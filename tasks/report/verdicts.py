@@ -13,8 +13,7 @@ from collections.abc import Callable
 
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import Status
-from towerbench.model.noise_advice import epochs_needed
-from towerbench.tasks.advise_recipe import EPOCHS_TOLERANCE
+from towerbench.model.noise_advice import EPOCHS_TOLERANCE, epochs_needed
 from towerbench.tasks.report.statistics import GroupRow, RunRecord, group_rows
 
 Applies = Callable[[TrainConfig], bool]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import task
 
-from towerbench.tasks.dvc_stages import DataStages, update_dataset
+from towerbench.tasks.data.dvc_stages import DataStages, update_dataset
 
 
 @task(name="preprocess")

@@ -1,8 +1,9 @@
 """The probe of `towerbench advise` in a process of its own, and what the recipe reads from it.
 
 The probe (model/probe.py) trains, so it runs in a process forked from the training processes'
-fork server (tasks/fork_server.py: TensorFlow already imported), never in the flow's process:
-TensorFlow fixes its devices once per process, and the sweep that may follow trains elsewhere.
+fork server (tasks/training/fork_server.py: TensorFlow already imported), never in the flow's
+process: TensorFlow fixes its devices once per process, and the sweep that may follow trains
+elsewhere.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.model.noise_advice import advising_noise_scale
 from towerbench.model.probe import ProbeResult
-from towerbench.tasks.advise_recipe import Measurements
-from towerbench.tasks.fork_server import main_module_hidden, start_fork_server
+from towerbench.tasks.advise.recipe import Measurements
+from towerbench.tasks.training.fork_server import main_module_hidden, start_fork_server
 
 
 @dataclass(frozen=True)

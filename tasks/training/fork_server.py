@@ -3,11 +3,11 @@
 A new Python process spends 5-10 s (2 cores) importing TensorFlow and MLflow before it can
 train. Each configuration still trains in a process of its own (TensorFlow fixes its device
 layout once per process, and a crash or an out-of-memory kill must take only that run), but the
-process is forked from multiprocessing's fork server, which loaded tasks/training_imports.py
+process is forked from multiprocessing's fork server, which loaded tasks/training/imports.py
 once: it starts ready in a few hundredths of a second. The sweep and pipeline commands start the
 server before Prefect's start-up, which its imports overlap (a sweep called otherwise starts it
 as it begins). It serves every later sweep of this process and ends with this process however
-that ends; a forked process whose server is gone stops itself (tasks/train_worker.py).
+that ends; a forked process whose server is gone stops itself (tasks/training/worker.py).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import IO
 from towerbench.config.sections import TrainConfig
 
 PRELOAD = [
-    "towerbench.tasks.training_imports",
-    "towerbench.tasks.train_worker",
-    "towerbench.tasks.fork_server_exit",
+    "towerbench.tasks.training.imports",
+    "towerbench.tasks.training.worker",
+    "towerbench.tasks.training.fork_server_exit",
 ]
 _context = multiprocessing.get_context("forkserver")
 
@@ -76,11 +76,11 @@ def _received_fd(duplicate) -> int:
 
 
 class TrainingProcess:
-    """A forked `tasks.train_worker` run of one request: its stdout (the worker's events) as
+    """A forked `tasks.training.worker` run of one request: its stdout (the worker's events) as
     lines, its stderr kept in `log`, and `subprocess.Popen`'s poll, wait, terminate and kill."""
 
     def __init__(self, request_json: str, environment: dict[str, str]):
-        from towerbench.tasks.train_worker import forked_main
+        from towerbench.tasks.training.worker import forked_main
 
         start_fork_server()
         self.log: IO[str] = tempfile.TemporaryFile("w+")
@@ -108,7 +108,7 @@ class TrainingProcess:
     def wait(self, timeout: float | None = None) -> int:
         self.process.join(timeout)
         if self.process.exitcode is None:
-            raise subprocess.TimeoutExpired("towerbench.tasks.train_worker", timeout or 0)
+            raise subprocess.TimeoutExpired("towerbench.tasks.training.worker", timeout or 0)
         return self.process.exitcode
 
     def terminate(self) -> None:

@@ -8,7 +8,7 @@ from prefect import Task, task
 from prefect.client.schemas.objects import State, TaskRun
 
 from towerbench.config.sections import FetchConfig, PreprocessConfig
-from towerbench.tasks.dvc_stages import (
+from towerbench.tasks.data.dvc_stages import (
     FETCH_STAGE,
     DataStages,
     StageError,

@@ -1,10 +1,10 @@
 """Train one configuration in its own process and follow it live.
 
-The process (tasks/train_worker.py) logs into the MLflow run created for it; this side relays its
+The process (tasks/training/worker.py) logs into the MLflow run created for it; this side relays its
 progress to Prefect (run logger + a progress artifact) and, if the process dies without finishing
 (crash, out-of-memory kill), records the run as failed so the sweep can go on. A configuration
-with several workers runs as that many processes on this machine (tasks/local_cluster.py), whose
-chief logs and reports.
+with several workers runs as that many processes on this machine
+(tasks/training/local_cluster.py), whose chief logs and reports.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Outcome, Status
 from towerbench.core.processes import stop
 from towerbench.model.training_data import check_training_data
-from towerbench.tasks.fork_server import TrainingProcess
-from towerbench.tasks.local_cluster import last_error, run_local_cluster
 from towerbench.tasks.tracking import mark_failed, mark_killed
-from towerbench.tasks.train_worker import EVENT_PREFIX, WorkerRequest
+from towerbench.tasks.training.fork_server import TrainingProcess
+from towerbench.tasks.training.local_cluster import last_error, run_local_cluster
+from towerbench.tasks.training.worker import EVENT_PREFIX, WorkerRequest
 
 
 def _error_line(log_text: str, returncode: int) -> str:
@@ -43,7 +43,7 @@ def _error_line(log_text: str, returncode: int) -> str:
 
 
 # A worker of a multi-worker configuration: a process of its own, the request on its stdin.
-WORKER_COMMAND = [sys.executable, "-m", "towerbench.tasks.train_worker"]
+WORKER_COMMAND = [sys.executable, "-m", "towerbench.tasks.training.worker"]
 CHECKPOINTS = "checkpoints"  # under the data dir, one folder per MLflow run
 
 

@@ -40,13 +40,13 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from towerbench.model.noise_advice import EPOCHS_TOLERANCE
+
 ScalingRule = Literal["none", "linear", "sqrt", "adascale"]
 Budget = Literal["epochs", "updates", "tau"]
 
 # A fixed rule is used when its factor is within this ratio of the predicted gain.
 RULE_TOLERANCE = 1.25
-# Equal epochs suffice when the batch needs at most this many times the reference's epochs.
-EPOCHS_TOLERANCE = 1.25
 WARMUP_FRACTION = 1 / 6  # cure-bn: 2 of 12 epochs
 MAX_WARMUP_EPOCHS = 5.0  # Goyal et al.
 # An LR schedule that still stands above this fraction of its peak at the end is not annealed.

@@ -1,6 +1,6 @@
 """One configuration's training run in its own process: forked by the sweep's fork server
-(`forked_main`, tasks/fork_server.py) or, for a worker of a multi-worker configuration,
-`python -m towerbench.tasks.train_worker < request`.
+(`forked_main`, tasks/training/fork_server.py) or, for a worker of a multi-worker configuration,
+`python -m towerbench.tasks.training.worker < request`.
 
 TensorFlow fixes its device layout once per process, and a crash or out-of-memory must not take
 the sweep down, so the sweep runs one of these per configuration. It resumes the MLflow run the
@@ -31,8 +31,8 @@ from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Outcome
 from towerbench.model import cluster
 from towerbench.model.records import EpochRecord, finite_numbers
-from towerbench.tasks.local_cluster import end_with_launcher
 from towerbench.tasks.preflight import bound_mlflow_http
+from towerbench.tasks.training.local_cluster import end_with_launcher
 
 EVENT_PREFIX = "@@towerbench "
 PROGRESS_INTERVAL_SECONDS = 1.0
@@ -90,8 +90,8 @@ def run(request: WorkerRequest) -> Outcome:
 
     from towerbench.model.tfrecords import dataset_dir
     from towerbench.model.training import train
-    from towerbench.tasks import evaluate
     from towerbench.tasks.tracking import DATA_DIR_TAG, STATUS_TAG, UNSTABLE_TAG
+    from towerbench.tasks.training import evaluate
 
     config = request.config
     mlflow.log_param("tensorflow_version", tf.__version__)
@@ -219,7 +219,7 @@ def _leave(status: int) -> None:
 
 
 def forked_main(request_json: str, environment: dict[str, str], stdout: int, stderr: int) -> None:
-    """A configuration's process, forked by the fork server (tasks/fork_server.py) with the
+    """A configuration's process, forked by the fork server (tasks/training/fork_server.py) with the
     imports done: in a session of its own (a terminal's Ctrl-C reaches only the sweep, which
     stops it), with `environment`, its events on `stdout` and its log on `stderr`."""
     os.setsid()
@@ -234,9 +234,10 @@ def forked_main(request_json: str, environment: dict[str, str], stdout: int, std
 
 
 def main() -> int:
-    """A worker of a multi-worker configuration (tasks/local_cluster.py): the request on stdin."""
+    """A worker of a multi-worker configuration (tasks/training/local_cluster.py): the request
+    on stdin."""
     launcher = os.getppid()
-    import towerbench.tasks.training_imports  # noqa: F401
+    import towerbench.tasks.training.imports  # noqa: F401
 
     return _train_and_log(WorkerRequest.model_validate_json(sys.stdin.read()), launcher)
 

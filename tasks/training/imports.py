@@ -1,5 +1,5 @@
 """What a training process loads before it trains, imported once by the sweep's fork server
-(tasks/fork_server.py) so that every configuration's process starts with it done.
+(tasks/training/fork_server.py) so that every configuration's process starts with it done.
 
 Importing this module imports TensorFlow, MLflow, the trainer and the evaluation task (5-10 s on
 2 cores), MLflow's database store (2 s, SQLAlchemy's mappers configured as it loads; no database
@@ -26,13 +26,14 @@ def _stderr_dropped() -> Iterator[None]:
         os.close(saved)
 
 
-# The training processes' default (tasks/train.py): TensorFlow reads it once, when it first logs.
+# The training processes' default (tasks/training/train.py): TensorFlow reads it once, when it
+# first logs.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 with _stderr_dropped():
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     from mlflow.utils import requirements_utils
 
     import towerbench.model.training  # noqa: F401 - TensorFlow
-    import towerbench.tasks.evaluate  # noqa: F401 - MLflow, matplotlib
+    import towerbench.tasks.training.evaluate  # noqa: F401 - MLflow, matplotlib
 
 requirements_utils._init_modules_to_packages_map()

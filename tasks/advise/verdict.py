@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, computed_field
 
 from towerbench.core.outcome import ConfigSummary, Status, SweepResult
-from towerbench.tasks.advise_recipe import Recipe
+from towerbench.tasks.advise.recipe import Recipe
 from towerbench.tasks.report.statistics import CLOSE_ENOUGH, welch
 
 

@@ -16,8 +16,8 @@ from towerbench.config.params import Params, SweepGrid
 from towerbench.config.sections import TrainConfig
 from towerbench.core.files import write_atomically
 from towerbench.model.probe import ProbeResult
-from towerbench.tasks.advise_recipe import Measurements, Recipe
-from towerbench.tasks.advise_verdict import Verification
+from towerbench.tasks.advise.recipe import Measurements, Recipe
+from towerbench.tasks.advise.verdict import Verification
 from towerbench.tasks.tracking import (
     KIND_TAG,
     client_for,

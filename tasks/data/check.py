@@ -16,7 +16,7 @@ from pathlib import Path
 
 from towerbench.core.errors import TowerbenchError
 from towerbench.model.tfrecords import dataset_dir
-from towerbench.tasks.dvc_stages import (
+from towerbench.tasks.data.dvc_stages import (
     FORM_DATASETS,
     PREPROCESS_STAGE,
     STAGES_FILE,
