@@ -29,8 +29,8 @@ ui: install
 	$(BIN)/towerbench ui
 
 lint: install
-	$(BIN)/ruff check core config model ingest tasks flows speed serve bench cli examples tests
-	$(BIN)/ruff format --check core config model ingest tasks flows speed serve bench cli examples tests
+	$(BIN)/ruff check core config model ingest tasks flows speed serve overhead cli examples tests
+	$(BIN)/ruff format --check core config model ingest tasks flows speed serve overhead cli examples tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -8,6 +8,7 @@ changes this module, not the commands' options.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,12 @@ def read_sections(path: Path) -> dict[str, Any]:
         raise TowerbenchError(_yaml_problem(path, error)) from None
     if not isinstance(raw, dict):
         raise TowerbenchError(f"{path}: expected sections (fetch:, train:, ...), got {raw!r}")
+    if "benchmark" in raw and "nightly" not in raw:
+        raw["nightly"] = raw.pop("benchmark")
+        print(
+            f"{path}: `benchmark:` is now `nightly:`; the old name is read until the next release",
+            file=sys.stderr,
+        )
     # A section with every key commented out is an empty section, not an error.
     return {name: {} if values is None else values for name, values in raw.items()}
 

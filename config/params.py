@@ -1,4 +1,4 @@
-"""The whole params.yaml tree: the sweep's lists, tracking, the report, the scheduled benchmark.
+"""The whole params.yaml tree: the sweep's lists, tracking, the report, the nightly sweep.
 
 The sections a single run needs (fetch, preprocess, data, train) are in config/sections.py; this
 module puts them together with the orchestration's sections into `Params`.
@@ -198,8 +198,8 @@ class ReportConfig(StrictModel):
     report_dir: Path = Field(Path("reports"), description="Folder the markdown reports go to.")
 
 
-class BenchmarkConfig(StrictModel):
-    """The scheduled benchmark: the file's `train:` and `sweep:` with this patch on top, on a
+class NightlyConfig(StrictModel):
+    """The nightly accuracy sweep: the file's `train:` and `sweep:` with this patch on top, on a
     schedule, compared with its previous run."""
 
     cron: str = Field(
@@ -212,11 +212,11 @@ class BenchmarkConfig(StrictModel):
     )
     train: dict[str, Any] = Field(
         default_factory=dict,
-        description="train: values that differ in the benchmark (e.g. fewer epochs).",
+        description="train: values that differ in the nightly sweep (e.g. fewer epochs).",
     )
     sweep: dict[str, Any] = Field(
         default_factory=lambda: {"towers": [1, 2]},
-        description="sweep: values that differ in the benchmark; keep the patch and the file "
+        description="sweep: values that differ in the nightly sweep; keep the patch and the file "
         "unchanged so its results stay comparable.",
     )
 
@@ -239,24 +239,24 @@ class Params(StrictModel):
     sweep: SweepGrid = Field(default_factory=SweepGrid)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
-    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
+    nightly: NightlyConfig = Field(default_factory=NightlyConfig)
 
     @model_validator(mode="after")
-    def _benchmark_patch_applies(self) -> Params:
-        self.benchmark_params()
+    def _nightly_patch_applies(self) -> Params:
+        self.nightly_params()
         return self
 
-    def benchmark_params(self) -> Params:
-        """These parameters with the benchmark's patch on `train:` and `sweep:`."""
+    def nightly_params(self) -> Params:
+        """These parameters with the nightly's patch on `train:` and `sweep:`."""
         patched = {}
         for section, model in (("train", TrainConfig), ("sweep", SweepGrid)):
             values = getattr(self, section).model_dump(exclude_unset=True)
             try:
                 patched[section] = model.model_validate(
-                    {**values, **getattr(self.benchmark, section)}
+                    {**values, **getattr(self.nightly, section)}
                 )
             except ValidationError as error:
                 raise ValueError(
-                    describe_validation_error(error, lambda at: dotted(("benchmark", section, *at)))  # noqa: B023
+                    describe_validation_error(error, lambda at: dotted(("nightly", section, *at)))  # noqa: B023
                 ) from None
         return self.model_copy(update=patched)

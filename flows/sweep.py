@@ -64,7 +64,7 @@ from towerbench.tasks.training.fork_server import start_fork_server_for
 from towerbench.tasks.training.train import checkpoint_dir, train_configuration
 from towerbench.tasks.training.worker import WorkerRequest
 
-FlowKind = Literal["sweep", "pipeline", "benchmark", "advise"]
+FlowKind = Literal["sweep", "pipeline", "nightly", "advise"]
 
 
 @dataclass(frozen=True)

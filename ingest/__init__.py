@@ -16,6 +16,7 @@ from towerbench.config.names import name_problem
 from towerbench.config.sections import FetchConfig, PreprocessConfig, dataset_name
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.files import replace_folder, space_errors
+from towerbench.core.tfrecord_format import Manifest, dataset_dir
 from towerbench.ingest.base import Source
 from towerbench.ingest.cifar import CIFAR10, CIFAR100, CifarSource
 from towerbench.ingest.digits import DigitsSource
@@ -30,7 +31,6 @@ from towerbench.ingest.layout import (
     write_source_record,
 )
 from towerbench.ingest.write_records import write_dataset
-from towerbench.model.tfrecords import Manifest, dataset_dir
 
 SOURCES: dict[str, Source] = {
     "digits": DigitsSource(),

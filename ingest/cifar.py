@@ -19,11 +19,11 @@ import numpy as np
 
 from towerbench.config.sections import FetchConfig, PreprocessConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.tfrecord_format import Manifest
 from towerbench.ingest.archives import read_tar
 from towerbench.ingest.base import LoadedDataset
 from towerbench.ingest.download import fetch_file, file_md5
 from towerbench.ingest.write_records import write_dataset
-from towerbench.model.tfrecords import Manifest
 
 _SIDE = 32
 _PIXELS = 3 * _SIDE * _SIDE

@@ -1,4 +1,4 @@
-"""Writing the TFRecord data contract of model/tfrecords.py.
+"""Writing the TFRecord data contract of core/tfrecord_format.py.
 
 Raw uint8 rather than PNG, chosen by measurement on 5,000 real CIFAR-10 images (2 cores):
   raw  write 51,000 img/s, decode 7,700 img/s (tf.data, parse+decode), 3,126 bytes/image
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from towerbench.core.files import replace_folder, space_errors
-from towerbench.model.tfrecords import (
+from towerbench.core.tfrecord_format import (
     MANIFEST_NAME,
     Manifest,
     ShardFile,

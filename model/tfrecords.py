@@ -1,142 +1,10 @@
-"""The TFRecord data contract: sharded `tf.train.Example` files plus a `manifest.json`.
-
-Layout: DATA_DIR/tfrecords/<name>/<split>-<i>-of-<n>.tfrecord and .../<name>/manifest.json.
-Each example has three features:
-  image  bytes   the H*W*C uint8 pixels, row-major (HWC), uncompressed
-  label  int64   index into the manifest's `classes`
-  shape  int64[] [H, W, C]
-
-Written by ingest/write_records.py; read here (manifests, shard lists, decoding). The manifest
-lists every shard's sha256; `verify_shards` checks them before a run trusts the files (0.5-0.7 s
-for a CIFAR-10-sized 189 MB on 2 busy cores, against 186 s for one epoch of the tutorial network).
-"""
+"""Decoding the TFRecords of core/tfrecord_format.py's data contract into tensors."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from towerbench.core.errors import TowerbenchError
-
-if TYPE_CHECKING:  # TensorFlow loads only when records are read or written, not for manifests
-    import tensorflow as tf
-
-MANIFEST_NAME = "manifest.json"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ShardFile(_Strict):
-    """One TFRecord file of a split."""
-
-    path: str = Field(description="File name relative to the manifest's folder.")
-    examples: int = Field(ge=0)
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-
-
-class SplitInfo(_Strict):
-    """Counts and files of one split (train, test, ...)."""
-
-    examples: int = Field(ge=1)
-    per_class: list[int]
-    files: list[ShardFile]
-
-
-class Manifest(_Strict):
-    """What a preprocessed dataset contains; `mean`/`std` are per channel on the 0-255 scale,
-    computed over the train split (or the first split when there is no train split)."""
-
-    dataset: str
-    classes: list[str] = Field(min_length=1)
-    image_shape: list[int] = Field(min_length=3, max_length=3)
-    splits: dict[str, SplitInfo]
-    mean: list[float]
-    std: list[float]
-    source: dict[str, Any]
-
-
-def dataset_dir(data_dir: Path, name: str) -> Path:
-    """The folder holding dataset `name`'s shards and manifest under DATA_DIR."""
-    return Path(data_dir) / "tfrecords" / name
-
-
-def load_manifest(dataset_dir: Path) -> Manifest:
-    """Read and validate `dataset_dir/manifest.json`."""
-    path = Path(dataset_dir) / MANIFEST_NAME
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise TowerbenchError(
-            f"{path}: no manifest; run `towerbench preprocess` for this dataset first"
-        ) from None
-    except OSError as error:
-        raise TowerbenchError(f"{path}: cannot read manifest ({error.strerror})") from None
-    try:
-        return Manifest.model_validate_json(text)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "document"
-        raise TowerbenchError(f"{path}: invalid manifest at {where}: {first['msg']}") from None
-
-
-def split_files(dataset_dir: Path, manifest: Manifest, split: str) -> list[str]:
-    """Absolute paths of `split`'s TFRecord files, in shard order; each must exist."""
-    if split not in manifest.splits:
-        known = ", ".join(sorted(manifest.splits))
-        raise TowerbenchError(
-            f"{Path(dataset_dir) / MANIFEST_NAME}: no split {split!r} (has: {known})"
-        )
-    paths = [Path(dataset_dir) / shard.path for shard in manifest.splits[split].files]
-    for path in paths:
-        if not path.is_file():
-            raise TowerbenchError(f"{path}: TFRecord file listed in the manifest is missing")
-    return [str(path) for path in paths]
-
-
-def file_sha256(path: Path) -> str:
-    """The hex sha256 of the file at `path`, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def shard_problem(dataset_dir: Path, manifest: Manifest) -> tuple[Path, str] | None:
-    """The first shard of `manifest` that is missing or whose sha256 differs from the one
-    listed, and what is wrong with it; None when every shard is as preprocessing wrote it."""
-    for split in manifest.splits.values():
-        for shard in split.files:
-            path = Path(dataset_dir) / shard.path
-            try:
-                if file_sha256(path) != shard.sha256:
-                    return path, "is damaged: its sha256 is not the one manifest.json lists"
-            except FileNotFoundError:
-                return path, "listed in manifest.json is missing"
-            except OSError as error:
-                return path, f"cannot be read ({error.strerror or error})"
-    return None
-
-
-def shard_error(path: Path, what: str, dataset: str) -> TowerbenchError:
-    """The one-line error for a shard of `dataset` at `path` that `what` says is unusable."""
-    return TowerbenchError(
-        f"{path}: TFRecord shard {what}; rebuild the dataset (`towerbench preprocess {dataset}`, "
-        "or `dvc repro` in a DVC project)"
-    )
-
-
-def verify_shards(dataset_dir: Path, manifest: Manifest) -> None:
-    """A TowerbenchError naming the first shard that is missing or not as its manifest says."""
-    problem = shard_problem(dataset_dir, manifest)
-    if problem is not None:
-        raise shard_error(*problem, manifest.dataset)
+import tensorflow as tf
 
 
 def decode_example(
@@ -147,8 +15,6 @@ def decode_example(
     Pass `image_shape=manifest.image_shape` to get a fully static shape (what Keras layers and
     XLA want); without it the shape comes from the record and is only known at run time.
     """
-    import tensorflow as tf
-
     features = tf.io.parse_single_example(
         serialized,
         {

@@ -38,13 +38,13 @@ from towerbench.model.stability import diverged, instability
 from towerbench.model.training_data import load_training_data, read_failure
 
 if TYPE_CHECKING:  # _set_up imports these: Keras and the graph builders load when training starts
+    from towerbench.core.tfrecord_format import Manifest
     from towerbench.model.adascale import AdaScaleSchedule, ScaleInvariantBudget
     from towerbench.model.checkpoints import Checkpoints
     from towerbench.model.evaluation import Evaluator
     from towerbench.model.input_pipeline import Distortions, EpochPlan
     from towerbench.model.networks import Network
     from towerbench.model.schedules import EpochSchedule
-    from towerbench.model.tfrecords import Manifest
     from towerbench.model.towers import TowerTrainer
 
 ProgressCallback = Callable[[dict[str, float]], None]

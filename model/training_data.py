@@ -7,13 +7,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
-
-if TYPE_CHECKING:  # model.tfrecords imports TensorFlow
-    from towerbench.model.tfrecords import Manifest
+from towerbench.core.tfrecord_format import (
+    MANIFEST_NAME,
+    Manifest,
+    dataset_dir,
+    load_manifest,
+    shard_error,
+    shard_problem,
+    split_files,
+    verify_shards,
+)
 
 
 def check_config_against_data(config: TrainConfig, manifest: Manifest) -> None:
@@ -44,8 +50,6 @@ def load_training_data(
 ) -> tuple[Manifest, list[str], list[str]]:
     """The manifest and the train and test files of DATA_DIR/tfrecords/<dataset>, checked
     against `config`."""
-    from towerbench.model.tfrecords import MANIFEST_NAME, dataset_dir, load_manifest, split_files
-
     folder = dataset_dir(data_dir, config.dataset)
     if not (folder / MANIFEST_NAME).is_file():
         raise TowerbenchError(
@@ -61,8 +65,6 @@ def check_training_data(configs: Iterable[TrainConfig], data_dir: Path) -> None:
     """What a run checks before it starts (before TensorFlow loads): each configuration's
     dataset is there and suits it, and every shard has its manifest's sha256 (each dataset is
     hashed once)."""
-    from towerbench.model.tfrecords import dataset_dir, verify_shards
-
     verified: set[str] = set()
     for config in configs:
         manifest, _, _ = load_training_data(config, data_dir)
@@ -98,8 +100,6 @@ def read_failure(error: Exception, config: TrainConfig, data_dir: Path) -> Tower
     damaged: DataLossError; deleted or moved: NotFoundError), naming the shard; None for any
     other error."""
     import tensorflow as tf
-
-    from towerbench.model.tfrecords import dataset_dir, load_manifest, shard_error, shard_problem
 
     if not isinstance(error, tf.errors.DataLossError | tf.errors.NotFoundError):
         return None

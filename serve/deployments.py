@@ -23,7 +23,7 @@ from towerbench.serve.telemetry import telemetry_off_unless_opted_in
 
 # Named for what they do: the Prefect UI lists deployments by name, the flow only in grey.
 PIPELINE_DEPLOYMENT = "towerbench-pipeline"
-BENCHMARK_DEPLOYMENT = "towerbench-nightly"  # short: the deployments list cuts longer names
+NIGHTLY_DEPLOYMENT = "towerbench-nightly"  # short: the deployments list cuts longer names
 ADVISE_DEPLOYMENT = "towerbench-advise"
 HOST = "127.0.0.1"
 PREFECT_PORT = 4200
@@ -44,7 +44,7 @@ def schedule_tag(timezone: str) -> str:
 
 
 def serve(params: Params, params_path: Path) -> None:
-    """Register and serve `pipeline` and `advise` (run on demand) and `benchmark` (on its cron)
+    """Register and serve `pipeline` and `advise` (run on demand) and `nightly` (on its cron)
     until stopped.
 
     Needs a Prefect server: in Prefect's ephemeral mode nobody could trigger a run and the
@@ -62,7 +62,7 @@ def serve(params: Params, params_path: Path) -> None:
 
     from towerbench.config.run_form import form_parameters
     from towerbench.flows.advise import advise
-    from towerbench.flows.benchmark import benchmark
+    from towerbench.flows.nightly import nightly
     from towerbench.flows.pipeline import pipeline
 
     # Module entrypoints: the served runs import the flows by name, whatever the working directory.
@@ -73,16 +73,16 @@ def serve(params: Params, params_path: Path) -> None:
         f"`{params_path.resolve()}`; settings it does not show come from that file.",
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
-    scheduled = benchmark.to_deployment(
-        name=BENCHMARK_DEPLOYMENT,
-        schedule=Cron(params.benchmark.cron, timezone=params.benchmark.timezone),
+    scheduled = nightly.to_deployment(
+        name=NIGHTLY_DEPLOYMENT,
+        schedule=Cron(params.nightly.cron, timezone=params.nightly.timezone),
         parameters={"params_file": str(params_path.resolve())},
         # Prefect 3.9's deployments list labels the schedule without its zone (ui-v2
         # schedule-badge: only the tooltip has it); a tag shows it beside the label.
-        tags=[schedule_tag(params.benchmark.timezone)],
+        tags=[schedule_tag(params.nightly.timezone)],
         # The UI's schedule label leaves the time zone out; say it here.
-        description=f"The fixed benchmark sweep at `{params.benchmark.cron}` "
-        f"({params.benchmark.timezone}), compared with its previous run.",
+        description=f"The fixed nightly sweep at `{params.nightly.cron}` "
+        f"({params.nightly.timezone}), compared with its previous run.",
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
     advisor = advise.to_deployment(
@@ -143,7 +143,7 @@ def server_environment() -> dict[str, str]:
 
 def _deployments_served(api_url: str) -> bool:
     try:
-        response = httpx.get(f"{api_url}/deployments/name/benchmark/{BENCHMARK_DEPLOYMENT}")
+        response = httpx.get(f"{api_url}/deployments/name/nightly/{NIGHTLY_DEPLOYMENT}")
     except httpx.HTTPError:
         return False
     return response.status_code == 200
@@ -213,10 +213,10 @@ def run_ui(params: Params, params_path: Path) -> None:
         while served.poll() is None and not _deployments_served(f"{prefect_url}/api"):
             time.sleep(2)
         if served.poll() is None:
-            schedule = f"{params.benchmark.cron} {params.benchmark.timezone}"
+            schedule = f"{params.nightly.cron} {params.nightly.timezone}"
             relay.say(
                 f"Deployments  {PIPELINE_DEPLOYMENT} (Run in the Prefect UI), "
-                f"{BENCHMARK_DEPLOYMENT} ({schedule})"
+                f"{NIGHTLY_DEPLOYMENT} ({schedule})"
             )
         served.wait()
         reaper.keep(str(scratch))  # the error names its logs

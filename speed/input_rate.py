@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from towerbench.config.sections import TrainConfig
+from towerbench.core.tfrecord_format import load_manifest, split_files
 from towerbench.model.input_pipeline import Distortions, EpochPlan, train_dataset
-from towerbench.model.tfrecords import load_manifest, split_files
 from towerbench.speed.timing import time_once
 
 

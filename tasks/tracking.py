@@ -25,10 +25,10 @@ from towerbench.config.params import SWEEP_AXES, TrackingConfig
 from towerbench.config.sections import TrainConfig
 from towerbench.config.tracking_uri import check_store_exists
 from towerbench.core.outcome import Outcome, Status
-from towerbench.model.tfrecords import MANIFEST_NAME, dataset_dir, load_manifest
+from towerbench.core.tfrecord_format import MANIFEST_NAME, dataset_dir, load_manifest
 
 KIND_TAG = "towerbench.kind"  # "sweep" on parent runs, "config" on each configuration's run
-FLOW_TAG = "towerbench.flow"  # which flow made a sweep: "sweep", "pipeline" or "benchmark"
+FLOW_TAG = "towerbench.flow"  # which flow made a sweep: "sweep", "pipeline", "nightly" or "advise"
 STATUS_TAG = "towerbench.status"  # a core.outcome.Status
 ERROR_TAG = "towerbench.error"
 CONFIG_TAG = "towerbench.config"  # the run's TrainConfig as JSON, to rebuild it exactly

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 from sklearn.datasets import load_digits
 
+from towerbench.core.tfrecord_format import dataset_dir
 from towerbench.ingest.write_records import write_dataset
-from towerbench.model.tfrecords import dataset_dir
 
 LOGICAL_CPUS = 4
 

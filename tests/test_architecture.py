@@ -18,7 +18,18 @@ from towerbench.cli.main import COMMAND_MODULES
 ROOT = Path(__file__).resolve().parents[1]
 ORCHESTRATION = {"prefect", "mlflow", "dvc"}
 # From the ground up; each package imports only the ones before it (see docs/architecture.md).
-FLOORS = ("core", "config", "model", "ingest", "speed", "tasks", "flows", "serve", "bench", "cli")
+FLOORS = (
+    "core",
+    "config",
+    "model",
+    "ingest",
+    "speed",
+    "tasks",
+    "flows",
+    "serve",
+    "overhead",
+    "cli",
+)
 PURE = ("core", "config", "model", "ingest", "speed")  # no orchestration library
 
 

@@ -156,8 +156,8 @@ def test_flop_count_agrees_with_tensorflow_profiler_on_the_forward_pass() -> Non
 def test_the_flow_breakdown_adds_up_from_the_mlflow_run_times(tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    from towerbench.bench.overhead import flow_breakdown
     from towerbench.config.params import TrackingConfig
+    from towerbench.overhead.orchestration import flow_breakdown
 
     tracking = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     client = MlflowClient(tracking.tracking_uri)

@@ -13,7 +13,7 @@ import yaml
 
 from towerbench.config.sections import FetchConfig, PreprocessConfig
 from towerbench.core.errors import TowerbenchError
-from towerbench.model.tfrecords import dataset_dir, load_manifest
+from towerbench.core.tfrecord_format import dataset_dir, load_manifest
 from towerbench.tasks.data.check import ensure_data, manifest_digest
 from towerbench.tasks.data.dvc_stages import DataStages, data_stages, run_dvc, update_dataset
 

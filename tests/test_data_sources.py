@@ -22,7 +22,8 @@ from fixtures_data import (
 )
 
 from towerbench.cli.main import main
-from towerbench.model.tfrecords import dataset_dir, decode_example, load_manifest, split_files
+from towerbench.core.tfrecord_format import dataset_dir, load_manifest, split_files
+from towerbench.model.tfrecords import decode_example
 
 
 def _md5(path) -> str:

@@ -7,8 +7,9 @@ import pytest
 import tensorflow as tf
 
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.tfrecord_format import dataset_dir, load_manifest, split_files
 from towerbench.ingest.write_records import write_dataset
-from towerbench.model.tfrecords import dataset_dir, decode_example, load_manifest, split_files
+from towerbench.model.tfrecords import decode_example
 
 
 def _arrays(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

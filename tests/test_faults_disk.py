@@ -22,7 +22,7 @@ from PIL import Image
 from towerbench import ingest
 from towerbench.cli.main import main
 from towerbench.core.files import format_bytes
-from towerbench.model.tfrecords import dataset_dir, load_manifest
+from towerbench.core.tfrecord_format import dataset_dir, load_manifest
 
 
 @pytest.fixture

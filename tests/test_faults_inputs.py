@@ -23,7 +23,7 @@ from towerbench.cli.main import main
 from towerbench.config.names import NAME_RULE
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
-from towerbench.model.tfrecords import dataset_dir, load_manifest
+from towerbench.core.tfrecord_format import dataset_dir, load_manifest
 from towerbench.tasks.preflight import check_servers
 
 

@@ -18,8 +18,8 @@ from towerbench.config.params import TrackingConfig
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Status
+from towerbench.core.tfrecord_format import dataset_dir, load_manifest
 from towerbench.model import training
-from towerbench.model.tfrecords import dataset_dir, load_manifest
 from towerbench.tasks import tracking
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes

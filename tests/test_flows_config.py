@@ -91,8 +91,8 @@ def test_project_params_build_the_default_pipeline_with_absolute_locations() -> 
     ]
     assert {run.aggregation for run in runs} == {"mean"} and params.train.epochs == 8
     assert params.data.data_dir.is_absolute() and params.report.report_dir.is_absolute()
-    assert params.benchmark.cron.split()[1:] == ["3", "*", "*", "*"]  # nightly
-    nightly = params.benchmark_params()  # the same sweep, patched
+    assert params.nightly.cron.split()[1:] == ["3", "*", "*", "*"]  # nightly
+    nightly = params.nightly_params()  # the same sweep, patched
     assert {(run.towers, run.epochs) for run in expand(nightly.train, nightly.sweep)} == {
         (1, 6),
         (2, 6),
@@ -101,14 +101,23 @@ def test_project_params_build_the_default_pipeline_with_absolute_locations() -> 
     assert nightly.train.base_lr == params.train.base_lr
 
 
-def test_a_benchmark_patch_is_checked_where_it_is_written(tmp_path) -> None:
+def test_a_nightly_patch_is_checked_where_it_is_written(tmp_path) -> None:
     path = tmp_path / "params.yaml"
-    path.write_text("benchmark:\n  train: {epochs: -1}\n")
-    with pytest.raises(TowerbenchError, match=r"params.yaml: benchmark.train.epochs: .*than 0"):
+    path.write_text("nightly:\n  train: {epochs: -1}\n")
+    with pytest.raises(TowerbenchError, match=r"params.yaml: nightly.train.epochs: .*than 0"):
         load(path)
-    path.write_text("benchmark:\n  sweep: {tower: [1]}\n")
-    with pytest.raises(TowerbenchError, match=r"params.yaml: benchmark.sweep.tower: Extra"):
+    path.write_text("nightly:\n  sweep: {tower: [1]}\n")
+    with pytest.raises(TowerbenchError, match=r"params.yaml: nightly.sweep.tower: Extra"):
         load(path)
+
+
+def test_the_old_benchmark_section_is_read_as_nightly_with_a_notice(tmp_path, capsys) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text("benchmark:\n  train: {epochs: 3}\n")
+    assert load(path).nightly_params().train.epochs == 3
+    assert capsys.readouterr().err == (
+        f"{path}: `benchmark:` is now `nightly:`; the old name is read until the next release\n"
+    )
 
 
 def test_tracking_uri_resolution(tmp_path, monkeypatch) -> None:

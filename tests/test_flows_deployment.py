@@ -45,7 +45,7 @@ def write_project(folder: Path) -> dict:
         },
         "sweep": {"towers": [2], "seeds": [0], "warmup_epochs": [0], "per_tower_batch": 32},
         "tracking": {"tracking_uri": f"sqlite:///{folder / 'mlflow.db'}"},
-        "benchmark": {"cron": "30 2 * * *", "timezone": "Europe/Berlin"},
+        "nightly": {"cron": "30 2 * * *", "timezone": "Europe/Berlin"},
     }
     (folder / "params.yaml").write_text(yaml.safe_dump(params))
     subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=folder, check=True)
@@ -53,7 +53,7 @@ def write_project(folder: Path) -> dict:
 
 
 PIPELINE = "pipeline/towerbench-pipeline"
-BENCHMARK = "benchmark/towerbench-nightly"
+NIGHTLY = "nightly/towerbench-nightly"
 ADVISE = "advise/towerbench-advise"
 
 
@@ -103,7 +103,7 @@ def served_project(tmp_path_factory):
 
         with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
             wait_until(
-                lambda: client.read_deployment_by_name(BENCHMARK) is not None,
+                lambda: client.read_deployment_by_name(NIGHTLY) is not None,
                 120,
                 "the served deployments",
                 processes,
@@ -231,10 +231,10 @@ def test_a_dataset_other_than_params_yaml_is_built_by_dvc_and_trained(served_pro
     params_before = (project / "params.yaml").read_bytes()
     with temporary_settings({PREFECT_API_URL: api}):
         with get_client(sync_client=True) as client:
-            benchmark = client.read_deployment_by_name(BENCHMARK)
-            (schedule,) = [item.schedule for item in benchmark.schedules]
+            nightly = client.read_deployment_by_name(NIGHTLY)
+            (schedule,) = [item.schedule for item in nightly.schedules]
             assert (schedule.cron, schedule.timezone) == ("30 2 * * *", "Europe/Berlin")
-            assert not benchmark.paused
+            assert not nightly.paused
             form = client.read_deployment_by_name(PIPELINE).parameters
         form["dataset"]["name"] = "digits-copy"
         form["advanced"] = {"train.crop_size": None}  # the digits preset goes by the name
@@ -313,11 +313,11 @@ def test_other_settings_under_params_yamls_dataset_name_fail_at_once(served_proj
 
 def test_the_schedule_time_zone_must_be_an_iana_name(tmp_path) -> None:
     path = tmp_path / "params.yaml"
-    path.write_text("benchmark:\n  timezone: Mars/Olympus_Mons\n")
-    with pytest.raises(TowerbenchError, match=r"params.yaml: benchmark.timezone: .*not an IANA"):
+    path.write_text("nightly:\n  timezone: Mars/Olympus_Mons\n")
+    with pytest.raises(TowerbenchError, match=r"params.yaml: nightly.timezone: .*not an IANA"):
         load(path)
-    path.write_text("benchmark:\n  timezone: America/New_York\n")
-    assert load(path).benchmark.timezone == "America/New_York"
+    path.write_text("nightly:\n  timezone: America/New_York\n")
+    assert load(path).nightly.timezone == "America/New_York"
 
 
 def test_an_unfetched_dataset_fails_in_one_line_before_anything_trains(served_project) -> None:

@@ -24,7 +24,7 @@ from towerbench.cli.main import main
 from towerbench.config.params import TrackingConfig
 from towerbench.config.sections import TrainConfig
 from towerbench.config.tracking_uri import resolve_tracking
-from towerbench.model.tfrecords import dataset_dir
+from towerbench.core.tfrecord_format import dataset_dir
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
@@ -226,8 +226,8 @@ def test_completed_runs_carry_params_metrics_data_version_and_artifacts(finished
 
 def accuracy_on_test_split(model, config: TrainConfig, data_dir: Path) -> float:
     """Accuracy of `model` on every test example once, with the trainer's evaluation input."""
+    from towerbench.core.tfrecord_format import load_manifest, split_files
     from towerbench.model.input_pipeline import evaluation_dataset
-    from towerbench.model.tfrecords import load_manifest, split_files
 
     folder = dataset_dir(data_dir, config.dataset)
     manifest = load_manifest(folder)
@@ -334,19 +334,19 @@ def test_prefect_artifacts_progress_and_report_linking_the_parent_run(finished_s
     )
 
 
-def test_benchmark_report_compares_with_the_previous_benchmark(finished_sweep) -> None:
-    """A later benchmark sweep whose 2-tower run is 10 points worse than the finished one."""
+def test_nightly_report_compares_with_the_previous_nightly(finished_sweep) -> None:
+    """A later nightly sweep whose 2-tower run is 10 points worse than the finished one."""
     from towerbench.config.params import ReportConfig
     from towerbench.tasks.report import write_report
 
     outcome, tracking, root, _ = finished_sweep
     client = MlflowClient(tracking.tracking_uri)
     earlier = client.get_run(outcome["parent_run_id"])
-    client.set_tag(earlier.info.run_id, "towerbench.flow", "benchmark")
+    client.set_tag(earlier.info.run_id, "towerbench.flow", "nightly")
     later = client.create_run(
         earlier.info.experiment_id,
-        run_name="benchmark later",
-        tags={"towerbench.kind": "sweep", "towerbench.flow": "benchmark"},
+        run_name="nightly later",
+        tags={"towerbench.kind": "sweep", "towerbench.flow": "nightly"},
     )
     client.log_param(later.info.run_id, "data_version", earlier.data.params["data_version"])
     (source,) = [
@@ -369,7 +369,7 @@ def test_benchmark_report_compares_with_the_previous_benchmark(finished_sweep) -
     client.set_terminated(later.info.run_id)
 
     report = write_report(tracking, later.info.run_id, ReportConfig(report_dir=root / "later"))
-    section = report.read_text().split("## Compared with the previous benchmark")[1]
+    section = report.read_text().split("## Compared with the previous nightly sweep")[1]
     assert f"run `{earlier.info.run_id}` (same data version)" in section
     assert "| towers=2 agg=mean lr=linear warmup=0 dataset=tiny |" in section
     assert "-10.00 pp" in section

@@ -8,10 +8,10 @@ import pytest
 
 from towerbench.cli.main import main
 from towerbench.config.sections import TrainConfig
+from towerbench.core.tfrecord_format import dataset_dir, load_manifest
 from towerbench.model import evaluation, training
 from towerbench.model.records import EpochRecord
 from towerbench.model.stability import diverged, instability
-from towerbench.model.tfrecords import dataset_dir, load_manifest
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 

@@ -9,7 +9,7 @@ from towerbench.config.grid import canonical, group_name, run_name
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import Status
 from towerbench.tasks.report.publish import report_html
-from towerbench.tasks.report.render import ReportHeader, benchmark_section, render_report
+from towerbench.tasks.report.render import ReportHeader, nightly_section, render_report
 from towerbench.tasks.report.statistics import Curve, RunRecord
 from towerbench.tasks.report.verdicts import compare
 
@@ -55,8 +55,8 @@ def test_every_markdown_table_renders_as_an_html_table() -> None:
     rows, target = compare(records, [], None)
     earlier, _ = compare([record(2, 0, 0.92), record(2, 1, 0.93)], [], None)
     header = ReportHeader("a sweep", "parent", "http://mlflow/run", "v1", ["logical CPU"], target)
-    benchmark = benchmark_section("previous", True, rows, {row.group: row for row in earlier})
-    text = render_report(header, rows, records, {"accuracy": "accuracy.png"}, benchmark)
+    nightly = nightly_section("previous", True, rows, {row.group: row for row in earlier})
+    text = render_report(header, rows, records, {"accuracy": "accuracy.png"}, nightly)
 
     markdown_tables = sum(bool(TABLE_SEPARATOR.match(line)) for line in text.splitlines())
     parser = _Tables()

@@ -12,8 +12,8 @@ from mlflow.tracking import MlflowClient
 from towerbench.config.grid import expand
 from towerbench.config.params import SweepGrid, TrackingConfig
 from towerbench.config.sections import TrainConfig
+from towerbench.core.tfrecord_format import Manifest, SplitInfo, dataset_dir
 from towerbench.flows.sweep import open_sweep, plan_sweep
-from towerbench.model.tfrecords import Manifest, SplitInfo, dataset_dir
 from towerbench.tasks.tracking import SWEPT_TAG, swept_besides_axes
 
 pytestmark = pytest.mark.slow  # creates an MLflow store (its schema takes 10-20 s to create)

@@ -21,7 +21,7 @@ from towerbench.config.load import load
 from towerbench.config.params import ReportConfig, TrackingConfig
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.core.errors import TowerbenchError, describe_validation_error
-from towerbench.model.tfrecords import MANIFEST_NAME, dataset_dir
+from towerbench.core.tfrecord_format import MANIFEST_NAME, dataset_dir
 
 CHOSEN = frozenset({"model", "dataset"})  # what advise takes from train: on the command line
 

@@ -87,7 +87,7 @@ def _say(message: str) -> None:
 def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every measurement of `config`'s training settings (aggregation, optimizer, schedule,
     distortions, XLA) on the fixed network, in one process; returns (JSON summary, raw results)."""
-    from towerbench.bench.overhead import isolate_orchestration_state
+    from towerbench.overhead.orchestration import isolate_orchestration_state
 
     isolate_orchestration_state(work_dir)  # before Prefect or MLflow is imported
     import_tensorflow()
@@ -99,7 +99,7 @@ def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, An
 
     # Each benchmarked trainer traces its own step; TensorFlow's retracing warning is noise here.
     tf.get_logger().setLevel("ERROR")
-    from towerbench.bench.overhead import measure_orchestration_overhead
+    from towerbench.overhead.orchestration import measure_orchestration_overhead
     from towerbench.speed.machine import describe_machine
     from towerbench.speed.suite import (
         count_flops,

@@ -40,8 +40,8 @@ def _fetch(args: argparse.Namespace) -> int:
 def _preprocess(args: argparse.Namespace) -> int:
     params = _params(args, PreprocessConfig, [])
     from towerbench.config.sections import dataset_name
+    from towerbench.core.tfrecord_format import dataset_dir
     from towerbench.ingest import fetched_record, preprocess
-    from towerbench.model.tfrecords import dataset_dir
 
     name = args.dataset or dataset_name(params.fetch)
     fetched_record(name, params.data.data_dir)  # its errors before TensorFlow loads

@@ -223,7 +223,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     serve = subparsers.add_parser(
         "serve",
-        help="Serve the pipeline (on demand) and benchmark (on its cron) deployments.",
+        help="Serve the pipeline and advise (on demand) and nightly (on its cron) deployments.",
     )
     add_params_option(serve, DEFAULT_PARAMS)
     add_model_options(serve, TrackingConfig)

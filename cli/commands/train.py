@@ -197,8 +197,8 @@ def run_train(args: argparse.Namespace) -> CommandResult:
 def gradcheck_images(config: TrainConfig, data_dir: Path) -> tuple[dict, str]:
     """What gradcheck feeds a user's model (run_gradcheck's `input_shape`, `num_classes`) and
     why: the dataset's shape after cropping and its classes when it is preprocessed."""
+    from towerbench.core.tfrecord_format import MANIFEST_NAME, dataset_dir, load_manifest
     from towerbench.model.input_pipeline import network_input_shape
-    from towerbench.model.tfrecords import MANIFEST_NAME, dataset_dir, load_manifest
 
     if parse_model(config.model).builtin:
         return {}, "the network's own input shape"

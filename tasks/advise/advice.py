@@ -65,7 +65,7 @@ def recipe_params(params: Params, train: TrainConfig, grid: SweepGrid) -> dict[s
     """`params` with the recipe's `train:` (the 1-tower run and the recipe's LR policy) and its
     verification `sweep:`; `towerbench sweep --params` on it runs the verification again."""
     recipe = params.model_copy(update={"train": train, "sweep": grid})
-    sections = recipe.model_dump(mode="json", exclude_defaults=True, exclude={"benchmark"})
+    sections = recipe.model_dump(mode="json", exclude_defaults=True, exclude={"nightly"})
     sections["train"] = train.model_dump(mode="json", exclude_defaults=True)
     sections["sweep"] = grid.model_dump(mode="json", exclude={"grid", "preset"}, exclude_none=True)
     return sections

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from towerbench.core.errors import TowerbenchError
-from towerbench.model.tfrecords import dataset_dir
+from towerbench.core.tfrecord_format import dataset_dir
 from towerbench.tasks.data.dvc_stages import (
     FORM_DATASETS,
     PREPROCESS_STAGE,

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from towerbench.config.sections import DataConfig, FetchConfig, PreprocessConfig, dataset_name
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.files import write_atomically
-from towerbench.model.tfrecords import load_manifest, verify_shards
+from towerbench.core.tfrecord_format import load_manifest, verify_shards
 
 FETCH_STAGE = "fetch"
 PREPROCESS_STAGE = "preprocess"

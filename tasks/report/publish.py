@@ -29,12 +29,12 @@ from prefect.cache_policies import NO_CACHE
 from towerbench.config.params import ReportConfig, TrackingConfig
 from towerbench.tasks.report.figures import report_figures
 from towerbench.tasks.report.reading import (
-    previous_benchmark,
+    previous_nightly,
     running_note,
     sweep_parent,
     sweep_records,
 )
-from towerbench.tasks.report.render import ReportHeader, benchmark_section, render_report
+from towerbench.tasks.report.render import ReportHeader, nightly_section, render_report
 from towerbench.tasks.report.statistics import GroupRow
 from towerbench.tasks.report.verdicts import compare
 from towerbench.tasks.tracking import (
@@ -91,16 +91,16 @@ def summary_metrics(rows: list[GroupRow]) -> dict[str, float]:
     return metrics
 
 
-def _benchmark(client: MlflowClient, parent: Run, rows: list[GroupRow]) -> str | None:
-    if parent.data.tags.get(FLOW_TAG) != "benchmark":
+def _nightly(client: MlflowClient, parent: Run, rows: list[GroupRow]) -> str | None:
+    if parent.data.tags.get(FLOW_TAG) != "nightly":
         return None
-    previous = previous_benchmark(client, parent)
+    previous = previous_nightly(client, parent)
     if previous is None:
-        return "No earlier finished benchmark in this experiment to compare with."
+        return "No earlier finished nightly sweep in this experiment to compare with."
     swept = swept_besides_axes(previous)
     before = {row.group: row for row in compare(sweep_records(client, previous), swept, None)[0]}
     same_data = previous.data.params.get("data_version") == parent.data.params.get("data_version")
-    return benchmark_section(previous.info.run_id, same_data, rows, before)
+    return nightly_section(previous.info.run_id, same_data, rows, before)
 
 
 def _write_folder(destination: Path, write) -> None:
@@ -142,11 +142,11 @@ def write_report(
         target=target,
         partial=partial,
     )
-    benchmark = _benchmark(client, parent, rows)
+    nightly = _nightly(client, parent, rows)
 
     def write(folder: Path) -> None:
         names = report_figures(records, folder)
-        text = render_report(header, rows, records, {name: name for name in names}, benchmark)
+        text = render_report(header, rows, records, {name: name for name in names}, nightly)
         (folder / "report.md").write_text(text)
         html = report_html(embed_figures(text, folder), header.title)
         (folder / "report.html").write_text(html)

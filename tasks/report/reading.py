@@ -121,19 +121,24 @@ def sweep_records(client: MlflowClient, parent: Run) -> list[RunRecord]:
     return [run_record(client, run) for run in children]
 
 
-def previous_benchmark(client: MlflowClient, parent: Run) -> Run | None:
-    """The latest finished benchmark sweep before `parent` in the same experiment."""
-    runs = client.search_runs(
-        [parent.info.experiment_id],
-        filter_string=(
-            f"tags.`{KIND_TAG}` = 'sweep' and tags.`{FLOW_TAG}` = 'benchmark' "
-            f"and attributes.status = 'FINISHED' "
-            f"and attributes.start_time < {parent.info.start_time}"
-        ),
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
-    return runs[0] if runs else None
+def previous_nightly(client: MlflowClient, parent: Run) -> Run | None:
+    """The latest finished nightly sweep before `parent` in the same experiment (tagged
+    "benchmark" before the flow took its name)."""
+    runs = [
+        run
+        for flow in ("nightly", "benchmark")
+        for run in client.search_runs(
+            [parent.info.experiment_id],
+            filter_string=(
+                f"tags.`{KIND_TAG}` = 'sweep' and tags.`{FLOW_TAG}` = '{flow}' "
+                f"and attributes.status = 'FINISHED' "
+                f"and attributes.start_time < {parent.info.start_time}"
+            ),
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+    ]
+    return max(runs, key=lambda run: run.info.start_time, default=None)
 
 
 def running_note(client: MlflowClient, parent: Run) -> str | None:

@@ -104,12 +104,12 @@ def loss_paradox(rows: list[GroupRow]) -> str:
     )
 
 
-def benchmark_section(
+def nightly_section(
     previous_run_id: str, same_data: bool, rows: list[GroupRow], before: dict[str, GroupRow]
 ) -> str:
-    """This benchmark's rows against the previous benchmark's rows of the same name."""
+    """This nightly sweep's rows against the previous one's rows of the same name."""
     lines = [
-        f"Previous benchmark: run `{previous_run_id}` "
+        f"Previous nightly sweep: run `{previous_run_id}` "
         f"({'same' if same_data else 'DIFFERENT'} data version).",
         "",
     ]
@@ -268,7 +268,7 @@ def render_report(
     rows: list[GroupRow],
     records: list[RunRecord],
     figures: dict[str, str],
-    benchmark: str | None = None,
+    nightly: str | None = None,
 ) -> str:
     """The whole report; `figures` maps each figure's name to its link (file or data URI)."""
     sections = [
@@ -281,7 +281,7 @@ def render_report(
         _noise(rows),
         _per_epoch(rows, figures),
     ]
-    if benchmark is not None:
-        sections.append(["## Compared with the previous benchmark", "", benchmark])
+    if nightly is not None:
+        sections.append(["## Compared with the previous nightly sweep", "", nightly])
     sections.append(_runs(records))
     return "\n\n".join("\n".join(section) for section in sections)

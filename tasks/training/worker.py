@@ -88,7 +88,7 @@ def run(request: WorkerRequest) -> Outcome:
     import mlflow
     import tensorflow as tf
 
-    from towerbench.model.tfrecords import dataset_dir
+    from towerbench.core.tfrecord_format import dataset_dir
     from towerbench.model.training import train
     from towerbench.tasks.tracking import DATA_DIR_TAG, STATUS_TAG, UNSTABLE_TAG
     from towerbench.tasks.training import evaluate
