@@ -21,6 +21,12 @@ from pydantic import (
 
 from towerbench.config.model_ref import parse_model
 from towerbench.config.names import DatasetName, name_from
+from towerbench.config.optimizers import (
+    ALL_HYPERPARAMETERS,
+    DEFAULT_LEARNING_RATES,
+    HYPERPARAMETERS,
+    OptimizerName,
+)
 
 SourceName = Literal["digits", "cifar10", "cifar100", "imagefolder"]
 
@@ -121,6 +127,10 @@ DATASET_PRESETS: dict[str, dict[str, object]] = {
 }
 
 
+def _option(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
 class TrainConfig(StrictModel):
     """One training run: model, towers, gradient aggregation, learning-rate policy, data.
 
@@ -164,10 +174,36 @@ class TrainConfig(StrictModel):
     )
     global_batch: int = Field(128, ge=1, description="Examples per step over all towers.")
     epochs: float = Field(10, gt=0, description="Passes over the training set.")
-    optimizer: Literal["sgd", "momentum", "nesterov"] = Field(
-        "sgd", description="Plain SGD, heavy-ball momentum or Nesterov momentum."
+    optimizer: OptimizerName = Field(
+        "sgd",
+        description="SGD family: sgd, momentum (heavy ball), nesterov, lars (layer-wise trust "
+        "ratio, You et al. 2017); adaptive: adam, adamw (decoupled weight decay), rmsprop, lamb "
+        "(Adam with LARS' trust ratio, You et al. 2019). Adaptive optimizers default to "
+        "base_lr 0.001.",
     )
-    momentum: float = Field(0.9, ge=0, lt=1, description="Momentum for momentum/nesterov.")
+    momentum: float = Field(0.9, ge=0, lt=1, description="Momentum of momentum, nesterov, lars.")
+    beta_1: float = Field(
+        0.9, ge=0, lt=1, description="adam, adamw, lamb: decay of the gradient's moving average."
+    )
+    beta_2: float = Field(
+        0.999,
+        ge=0,
+        lt=1,
+        description="adam, adamw, lamb: decay of the squared gradient's moving average.",
+    )
+    rho: float = Field(
+        0.9, ge=0, lt=1, description="rmsprop: decay of the squared gradient's moving average."
+    )
+    epsilon: float = Field(
+        1e-7,
+        gt=0,
+        le=1,
+        description="adam, adamw, rmsprop, lamb: added to the denominator; lars: to the trust "
+        "ratio's denominator.",
+    )
+    trust_coefficient: float = Field(
+        0.001, gt=0, le=1, description="lars: eta, the trust ratio's coefficient (You et al.)."
+    )
     base_lr: float = Field(0.1, gt=0, description="Learning rate at the reference batch size.")
     reference_batch: int = Field(128, ge=1, description="Batch size base_lr was tuned for.")
     lr_scaling: Literal["none", "linear", "sqrt", "adascale"] = Field(
@@ -192,7 +228,11 @@ class TrainConfig(StrictModel):
         default_factory=list, description="piecewise: epochs at which the LR is multiplied."
     )
     weight_decay: float = Field(
-        0.004, ge=0, description="L2 coefficient on tf.nn.l2_loss (sum(w**2)/2), once per step."
+        0.004,
+        ge=0,
+        description="sgd, momentum, nesterov, adam, rmsprop: L2 coefficient on tf.nn.l2_loss "
+        "(sum(w**2)/2) in the loss, once per step; adamw, lamb, lars: the optimizer's own "
+        "decoupled weight decay (no L2 term in the loss).",
     )
     ema_decay: float = Field(
         0.9999, ge=0, lt=1, description="Exponential moving average of the weights."
@@ -252,6 +292,7 @@ class TrainConfig(StrictModel):
     def _apply_presets_and_check(self) -> TrainConfig:
         for name, value in self.preset_fields().items():
             self.__dict__[name] = value  # a constant of ours: no re-validation needed
+        self._check_hyperparameters_apply()
         if self.contrast_upper < self.contrast_lower:
             raise ValueError(
                 f"--contrast-upper {self.contrast_upper} is below --contrast-lower "
@@ -271,6 +312,17 @@ class TrainConfig(StrictModel):
             raise ValueError("--decay piecewise needs --decay-boundaries (epochs, comma-separated)")
         return self
 
+    def _check_hyperparameters_apply(self) -> None:
+        """A hyperparameter the optimizer does not read, set explicitly, is a mistake."""
+        takes = HYPERPARAMETERS[self.optimizer]
+        given = sorted(ALL_HYPERPARAMETERS & self.model_fields_set - takes)
+        if given:
+            options = ", ".join(_option(name) for name in sorted(takes)) or "none of them"
+            raise ValueError(
+                f"{_option(given[0])} does not apply to --optimizer {self.optimizer} "
+                f"(it takes: {options})"
+            )
+
     @property
     def replicas(self) -> int:
         """Towers over all workers: the number of shards each global batch is split into."""
@@ -284,8 +336,15 @@ class TrainConfig(StrictModel):
         return cls.model_validate({key: values[key] for key in cls.model_fields if key in values})
 
     def preset_fields(self) -> dict[str, object]:
-        """Fields whose value came from a preset (not the user, not the plain default)."""
+        """Fields whose value came from a preset (not the user, not the plain default). A
+        preset's base_lr goes with its optimizer: another optimizer takes its own default LR."""
         preset = {**MODEL_PRESETS.get(self.model, {}), **DATASET_PRESETS.get(self.dataset, {})}
+        chosen = "optimizer" in self.model_fields_set
+        optimizer = self.optimizer if chosen else preset.get("optimizer", self.optimizer)
+        if preset.get("optimizer", optimizer) != optimizer:
+            preset.pop("base_lr", None)
+        if optimizer in DEFAULT_LEARNING_RATES:
+            preset.setdefault("base_lr", DEFAULT_LEARNING_RATES[optimizer])
         return {name: value for name, value in preset.items() if name not in self.model_fields_set}
 
 

@@ -193,20 +193,29 @@ def reference_schedule(base_lr: float, schedule: EpochSchedule) -> EpochSchedule
 
 
 class AdaScaleSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """The optimizer's LR under AdaScale: the reference schedule at tau, times the gain.
+    """The optimizer's LR under AdaScale: the reference schedule at tau, times the gain to the
+    power `power` (1 for SGD-like optimizers; 1/2 for adaptive ones, AdaptDL's AdamScale, whose
+    step already divides by the gradient's scale).
 
     The optimizer's step counter is ignored: progress is tau, counted in reference steps.
     """
 
-    def __init__(self, schedule: EpochSchedule, steps_per_epoch: float, adascale: AdaScale):
+    def __init__(
+        self,
+        schedule: EpochSchedule,
+        steps_per_epoch: float,
+        adascale: AdaScale,
+        power: float = 1.0,
+    ):
         self.schedule = schedule
         self.steps_per_epoch = float(steps_per_epoch)
         self.adascale = adascale
+        self.power = power
 
     def __call__(self, step):
         del step  # progress is tau
         epoch = tf.cast(self.adascale.tau, tf.float32) / self.steps_per_epoch
-        return self.schedule(epoch) * self.adascale.gain
+        return self.schedule(epoch) * self.adascale.gain**self.power
 
     def epoch(self) -> float:
         """Reference epochs done: tau / reference steps per epoch."""
