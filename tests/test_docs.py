@@ -24,6 +24,8 @@ DOCS = (
     "docs/benchmark-history.md",
     "docs/your-model.md",
     "docs/cifar10/README.md",
+    "docs/findings.md",
+    "docs/setup.md",
 )
 
 
