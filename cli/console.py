@@ -1,5 +1,6 @@
 """What the CLI writes where: under `--json` stdout carries the result document and nothing else;
-TensorFlow's start-up chatter is shown once."""
+TensorFlow's C++ logging (absl, oneDNN, CUDA probing) stays off stderr unless the user asks for it
+(`--verbose`, or TF_CPP_MIN_LOG_LEVEL set in their environment), and is then shown once."""
 
 from __future__ import annotations
 
@@ -49,8 +50,20 @@ def stdout_reserved() -> Iterator[TextIO]:
         os.close(saved)
 
 
+_native_logs_shown = True  # until `quiet_native_logs` decides
+
+
+def quiet_native_logs(verbose: bool) -> None:
+    """Keep TensorFlow's C++ logging off stderr unless `verbose` or the user set its level (the
+    setting reaches the processes this one starts through the environment)."""
+    global _native_logs_shown
+    _native_logs_shown = verbose or "TF_CPP_MIN_LOG_LEVEL" in os.environ
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "3")
+
+
 def import_tensorflow() -> None:
-    """Import TensorFlow with its native libraries' repeated start-up lines shown once."""
+    """Import TensorFlow; its native libraries' start-up lines (printed before any log level
+    applies) are dropped, or shown once when native logs are wanted."""
     if "tensorflow" in sys.modules:
         return
     sys.stderr.flush()
@@ -63,17 +76,18 @@ def import_tensorflow() -> None:
             os.dup2(saved, 2)
             os.close(saved)
             capture.seek(0)
-            sys.stderr.write(_without_repeats(capture.read().decode(errors="replace")))
+            sys.stderr.write(_native_lines_handled(capture.read().decode(errors="replace")))
             sys.stderr.flush()
 
 
-def _without_repeats(text: str) -> str:
+def _native_lines_handled(text: str) -> str:
+    """`text` without native log lines, or with each only once when they are wanted."""
     seen: set[str] = set()
     kept = []
     for line in text.splitlines(keepends=True):
         if _NATIVE_LOG_LINE.match(line):
             message = _TIME_AND_THREAD.sub("", line)
-            if message in seen:
+            if message in seen or not _native_logs_shown:
                 continue
             seen.add(message)
         kept.append(line)

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-from towerbench.cli.console import CommandResult, as_json, stdout_reserved
+from towerbench.cli.console import CommandResult, as_json, quiet_native_logs, stdout_reserved
 from towerbench.core.errors import TowerbenchError
 from towerbench.model import cluster
 from towerbench.serve.telemetry import telemetry_off_unless_opted_in
@@ -40,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
+    for command in subparsers.choices.values():
+        command.add_argument(
+            "--verbose",
+            action="store_true",
+            help="Show TensorFlow's C++ logging (absl, oneDNN, CUDA probing) on stderr; also "
+            "shown when TF_CPP_MIN_LOG_LEVEL is set in the environment.",
+        )
     return parser
 
 
@@ -82,11 +89,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     end_with_launcher()  # a worker of `--workers N` ends with the command that started it
-    # TensorFlow's C++ start-up chatter hides the output users came for.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Offline by default: no usage reports from MLflow, Prefect or DVC (before they are imported).
     telemetry_off_unless_opted_in()
     args = build_parser().parse_args(argv)
+    # TensorFlow's C++ logging would stand above the one line a user came for.
+    quiet_native_logs(args.verbose)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what `--workers N` starts N times
     signal.signal(signal.SIGTERM, _interrupt)  # a clean stop, as for Ctrl-C
     # Ctrl-C too, even when whatever started us left SIGINT ignored or blocked.

@@ -1,0 +1,47 @@
+"""The first line a user reads is the one that matters: TensorFlow's C++ logging (absl, oneDNN,
+CUDA probing) stays off stderr unless asked for, so a bad model reference is exactly one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fixtures_model import write_digits
+
+
+def _train_a_missing_function(tmp_path: Path, *extra: str, **environment: str) -> tuple[int, str]:
+    write_digits(tmp_path / "data", train=64, test=32)
+    (tmp_path / "net.py").write_text("def build(input_shape, num_classes):\n    return None\n")
+    env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "towerbench.cli.main", "train", "--model", "net.py:nothere"]
+        + ["--dataset", "digits", "--data-dir", "data", "--global-batch", "16", *extra],
+        cwd=tmp_path,
+        env={**env, **environment},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return completed.returncode, completed.stderr
+
+
+@pytest.mark.slow
+def test_a_missing_model_function_is_one_line_on_stderr(tmp_path) -> None:
+    status, stderr = _train_a_missing_function(tmp_path)
+    assert status == 2
+    net = (tmp_path / "net.py").resolve()
+    assert stderr.splitlines() == [
+        f"towerbench train: error: {net}:nothere: no function 'nothere' in {net} "
+        "(its functions: build)"
+    ]
+
+
+@pytest.mark.slow
+def test_verbose_shows_tensorflows_own_logging(tmp_path) -> None:
+    status, stderr = _train_a_missing_function(tmp_path, "--verbose")
+    assert status == 2
+    assert "absl::InitializeLog" in stderr, stderr
+    assert stderr.splitlines()[-1].endswith("/net.py (its functions: build)")
