@@ -204,8 +204,10 @@ def _absolute_models(
 
     train = params.train.model_copy(update={"model": absolute(params.train.model, TRAIN_MODEL)})
     sweep = params.sweep
-    if sweep.grid.model is not None:
-        models = [absolute(model, GRID_MODEL) for model in sweep.grid.model]
+    # TrainGrid's fields are made at run time (create_model): the type checker cannot see them.
+    grid_models: list[str] | None = sweep.grid.model  # type: ignore[attr-defined]
+    if grid_models is not None:
+        models = [absolute(model, GRID_MODEL) for model in grid_models]
         sweep = sweep.model_copy(update={"grid": sweep.grid.model_copy(update={"model": models})})
     return train, sweep
 

@@ -67,7 +67,7 @@ def provenance(text: str) -> dict[str, str]:
     """What names a user's network in MLflow: its function and its file's sha256 (empty for a
     built-in network, whose code is towerbench's version)."""
     reference = parse_model(text)
-    if reference.builtin:
+    if reference.function is None:  # a built-in network
         return {}
     return {"model_function": reference.function, "model_digest": reference.digest() or "missing"}
 

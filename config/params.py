@@ -26,21 +26,28 @@ from towerbench.core.errors import describe_validation_error, dotted
 SWEEP_AXES = ("towers", "workers", "aggregation", "lr_scaling", "warmup_epochs", "seed")
 
 
-def _grid_field(name: str) -> tuple[object, object]:
-    field = TrainConfig.model_fields[name]
-    return (
-        list[one_value(TrainConfig, name)] | None,  # type: ignore[misc]
-        Field(
-            None, min_length=1, description=f"Values of train.{name} to sweep. {field.description}"
-        ),
-    )
+def _grid_fields() -> dict[str, Any]:
+    """Every training parameter but the sweep's axes as a list of values to sweep, as
+    `create_model` takes fields: name -> (type, Field)."""
+    return {
+        name: (
+            list[one_value(TrainConfig, name)] | None,  # type: ignore[misc]
+            Field(
+                None,
+                min_length=1,
+                description=f"Values of train.{name} to sweep. {field.description}",
+            ),
+        )
+        for name, field in TrainConfig.model_fields.items()
+        if name not in SWEEP_AXES
+    }
 
 
 TrainGrid = create_model(
     "TrainGrid",
     __base__=StrictModel,
     __doc__="Any other training parameter given as a list of values to sweep over.",
-    **{name: _grid_field(name) for name in TrainConfig.model_fields if name not in SWEEP_AXES},
+    **_grid_fields(),
 )
 
 
@@ -105,35 +112,35 @@ def apply_sweep_preset(sections: dict[str, dict]) -> dict[str, dict]:
 class SweepGrid(StrictModel):
     """The lists a sweep takes the product of (one run per combination)."""
 
-    towers: list[one_value(TrainConfig, "towers")] = Field(  # type: ignore[misc]
+    towers: list[one_value(TrainConfig, "towers")] = Field(  # type: ignore[valid-type]
         [1, 2, 4], min_length=1, description="Tower counts to compare."
     )
-    workers: list[one_value(TrainConfig, "workers")] = Field(  # type: ignore[misc]
+    workers: list[one_value(TrainConfig, "workers")] = Field(  # type: ignore[valid-type]
         [1],
         min_length=1,
         description="Worker counts to compare (towers are per worker), e.g. 1 worker x 4 "
         "towers against 2 workers x 2 towers at the same global batch.",
     )
-    aggregation: list[one_value(TrainConfig, "aggregation")] = Field(  # type: ignore[misc]
+    aggregation: list[one_value(TrainConfig, "aggregation")] = Field(  # type: ignore[valid-type]
         ["mean"],
         min_length=1,
         description="Gradient aggregations to compare (a single replica is named agg=mean: "
         "the sum of one gradient is its mean).",
     )
-    lr_scaling: list[one_value(TrainConfig, "lr_scaling")] = Field(  # type: ignore[misc]
+    lr_scaling: list[one_value(TrainConfig, "lr_scaling")] = Field(  # type: ignore[valid-type]
         ["linear"],
         min_length=1,
         description="Learning-rate scaling rules to compare. A run at the reference batch "
         "(global_batch = reference_batch, e.g. 1 tower x per_tower_batch = reference_batch) is "
         "named lr=none warmup=0 whatever is asked: every rule gives base_lr there.",
     )
-    warmup_epochs: list[one_value(TrainConfig, "warmup_epochs")] = Field(  # type: ignore[misc]
+    warmup_epochs: list[one_value(TrainConfig, "warmup_epochs")] = Field(  # type: ignore[valid-type]
         [0],
         min_length=1,
         description="Warmup lengths (epochs) to compare; 0 where the LR is not scaled (lr=none, "
         "adascale, or the reference batch): a warmup from base_lr to base_lr does nothing.",
     )
-    seeds: list[one_value(TrainConfig, "seed")] = Field(  # type: ignore[misc]
+    seeds: list[one_value(TrainConfig, "seed")] = Field(  # type: ignore[valid-type]
         [0, 1], min_length=1, description="Seeds: each configuration runs once per seed."
     )
     budget: Literal["epochs", "updates"] = Field(
@@ -143,7 +150,7 @@ class SweepGrid(StrictModel):
         "setting (warmup, decay) stretched by the same factor, so it makes the reference "
         "batch's number of optimizer steps (Hoffer et al. 2017).",
     )
-    preset: SweepPresetName | None = Field(
+    preset: SweepPresetName | None = Field(  # type: ignore[valid-type]
         None,
         description="A measured experiment (see SWEEP_PRESETS): its train and sweep settings win "
         "over params.yaml's; command-line options win over it.",
@@ -154,7 +161,7 @@ class SweepGrid(StrictModel):
         description="If set, global_batch = workers x towers x this (the batch per device stays "
         "fixed, as when adding GPUs); if unset, every run uses train.global_batch.",
     )
-    grid: TrainGrid = Field(  # type: ignore[valid-type]
+    grid: TrainGrid = Field(
         default_factory=TrainGrid, description="Other training parameters to sweep, as lists."
     )
     pool: str | None = Field(

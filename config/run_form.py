@@ -29,17 +29,14 @@ SWEEP_FIELDS = (
 )
 
 
-def _pick(name: str, model: type[BaseModel], fields: tuple[str, ...], doc: str) -> type:
+def _pick(
+    name: str, model: type[BaseModel], fields: tuple[str, ...], doc: str
+) -> type[StrictModel]:
     """A form section made of some of `model`'s fields, with their types and descriptions."""
-    return create_model(
-        name,
-        __base__=StrictModel,
-        __doc__=doc,
-        **{
-            field: (model.model_fields[field].annotation, model.model_fields[field])
-            for field in fields
-        },
-    )
+    definitions: dict[str, Any] = {
+        field: (model.model_fields[field].annotation, model.model_fields[field]) for field in fields
+    }
+    return create_model(name, __base__=StrictModel, __doc__=doc, **definitions)
 
 
 DatasetChoice = _pick(

@@ -23,9 +23,12 @@ from towerbench.config.model_ref import parse_model
 from towerbench.config.names import DatasetName, name_from
 from towerbench.config.optimizers import (
     ALL_HYPERPARAMETERS,
+    DECOUPLED_WEIGHT_DECAY,
     DEFAULT_LEARNING_RATES,
     HYPERPARAMETERS,
+    Hyperparameters,
     OptimizerName,
+    effective_hyperparameters,
 )
 
 SourceName = Literal["digits", "cifar10", "cifar100", "imagefolder"]
@@ -313,15 +316,36 @@ class TrainConfig(StrictModel):
         return self
 
     def _check_hyperparameters_apply(self) -> None:
-        """A hyperparameter the optimizer does not read, set explicitly, is a mistake."""
+        """A hyperparameter the optimizer does not read, given another value than its default,
+        is a mistake (a whole configuration copied field by field gives each its default)."""
         takes = HYPERPARAMETERS[self.optimizer]
-        given = sorted(ALL_HYPERPARAMETERS & self.model_fields_set - takes)
+        given = sorted(
+            name
+            for name in ALL_HYPERPARAMETERS & self.model_fields_set - takes
+            if getattr(self, name) != type(self).model_fields[name].default
+        )
         if given:
             options = ", ".join(_option(name) for name in sorted(takes)) or "none of them"
             raise ValueError(
                 f"{_option(given[0])} does not apply to --optimizer {self.optimizer} "
                 f"(it takes: {options})"
             )
+
+    def optimizer_hyperparameters(self) -> Hyperparameters:
+        """The optimizer's hyperparameters as this run uses them (after its scaling rule)."""
+        return effective_hyperparameters(
+            self.optimizer,
+            self.model_dump(),
+            self.lr_scaling,
+            self.global_batch / self.reference_batch,
+            self.weight_decay,
+        )
+
+    @property
+    def l2_weight_decay(self) -> float:
+        """The L2 coefficient the loss carries: none when the optimizer decays the weights
+        itself (adamw, lamb, lars)."""
+        return 0.0 if self.optimizer in DECOUPLED_WEIGHT_DECAY else self.weight_decay
 
     @property
     def replicas(self) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mlflow.entities import RunStatus
 from prefect import flow, get_run_logger
@@ -23,7 +23,7 @@ from towerbench.config.advise import (
     verification_grid,
 )
 from towerbench.config.load import load, override_at
-from towerbench.config.params import Params
+from towerbench.config.params import Params, SweepGrid
 from towerbench.config.run_form import model_override
 from towerbench.config.sections import TrainConfig
 from towerbench.flows.sweep import plan_sweep, run_sweep
@@ -63,19 +63,23 @@ def probe_and_choose(
     return request, result, measured, recipe, lines
 
 
-def recipe_runs(params: Params, advice: AdviseConfig, recipe: Recipe) -> tuple[TrainConfig, Any]:
+def recipe_runs(
+    params: Params, advice: AdviseConfig, recipe: Recipe
+) -> tuple[TrainConfig, SweepGrid]:
     """The 1-tower run with the recipe's LR policy, and the sweep that verifies it."""
     rule, warmup = str(recipe.lr_scaling.value), float(recipe.warmup_epochs.value)
     values = reference_config(params).model_dump(exclude_unset=True)
     values.update(lr_scaling=rule, warmup_epochs=warmup, decay=recipe.decay.value)
-    budget = "updates" if recipe.budget.value == "updates" else "epochs"
+    budget: Literal["epochs", "updates"] = (
+        "updates" if recipe.budget.value == "updates" else "epochs"
+    )
     return TrainConfig.model_validate(values), verification_grid(
         advice, params, rule, warmup, budget
     )
 
 
 def verify_recipe(
-    params: Params, train: TrainConfig, grid: Any, recipe: Recipe, fresh: bool
+    params: Params, train: TrainConfig, grid: SweepGrid, recipe: Recipe, fresh: bool
 ) -> Verification:
     """1 tower against the recipe's towers through the sweep's steps, then the verdict."""
     configs = verification_configs(train, grid)

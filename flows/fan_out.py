@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 from uuid import UUID
 
 from prefect import get_run_logger
@@ -53,8 +54,15 @@ class Job:
     request: WorkerRequest
     name: str
     attempt: int = 0
-    flow_run_id: UUID | None = None
+    flow_run_id: UUID | None = None  # its latest attempt's, once submitted
     pending_unclaimed_since: float | None = None
+
+    @property
+    def submitted_run_id(self) -> UUID:
+        """The flow run of its latest attempt (`_follow` follows submitted jobs only)."""
+        if self.flow_run_id is None:
+            raise RuntimeError(f"{self.name} was never submitted")
+        return self.flow_run_id
 
 
 def check_served(pool: str) -> None:
@@ -76,15 +84,19 @@ def _outcome(tracking: TrackingConfig, run_id: str) -> Outcome:
 def _submit(pool: str, job: Job, tracking: TrackingConfig) -> None:
     job.attempt += 1
     set_tags(tracking, job.request.run_id, {ATTEMPT_TAG: str(job.attempt)})  # the run's owner
-    flow_run = run_deployment(
-        deployment_name(pool),
-        parameters={
-            "request": job.request.model_dump(mode="json"),
-            "name": job.name,
-            "attempt": job.attempt,
-        },
-        flow_run_name=f"{job.name} #{job.attempt}",
-        timeout=0,
+    # Prefect's dispatcher returns a coroutine only to async callers; this one is synchronous.
+    flow_run = cast(
+        FlowRun,
+        run_deployment(
+            deployment_name(pool),
+            parameters={
+                "request": job.request.model_dump(mode="json"),
+                "name": job.name,
+                "attempt": job.attempt,
+            },
+            flow_run_name=f"{job.name} #{job.attempt}",
+            timeout=0,
+        ),
     )
     job.flow_run_id = flow_run.id
     job.pending_unclaimed_since = None
@@ -156,7 +168,7 @@ def _follow(
         elif time.monotonic() - idle_since > IDLE_WARNING_SECONDS:
             logger.warning("no worker serves pool %r: `towerbench worker --pool %s`", pool, pool)
             idle_since = time.monotonic()
-        ids = [job.flow_run_id for job in waiting]
+        ids = [job.submitted_run_id for job in waiting]
         flow_runs = {
             flow_run.id: flow_run
             for flow_run in client.read_flow_runs(
@@ -164,11 +176,11 @@ def _follow(
             )
         }
         for job in list(waiting):
-            flow_run = flow_runs[job.flow_run_id]
+            flow_run = flow_runs[job.submitted_run_id]
             outcome = _ended(job, flow_run, tracking)
             lost = None if outcome is not None else _lost(job, flow_run, online)
             if lost is not None:
-                client.set_flow_run_state(job.flow_run_id, Crashed(message=lost), force=True)
+                client.set_flow_run_state(flow_run.id, Crashed(message=lost), force=True)
                 outcome = _outcome(tracking, job.request.run_id)  # it may have just finished
                 if not outcome.status.ended:
                     if job.attempt < MAX_ATTEMPTS:

@@ -15,7 +15,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from uuid import UUID
 
 from mlflow.entities import Run, RunStatus
@@ -167,8 +167,7 @@ def reuse_finished(
     for index, config in enumerate(plan.configs):
         name = run_name(config, plan.swept)
         earlier = run.previous.get(config_key(config))
-        outcome = run_outcome(earlier) if earlier is not None else None
-        if outcome is not None and outcome.status.ended:
+        if earlier is not None and (outcome := run_outcome(earlier)).status.ended:
             finished[index] = summarize(earlier.info.run_id, name, config, outcome)
             get_run_logger().info("%s: done in an earlier attempt, reused", name)
         else:
@@ -215,7 +214,8 @@ def train_here(plan: SweepPlan, run: SweepRun, job: Pending, progress: UUID) -> 
         outcome = Outcome.failed(str(state.result(raise_on_failure=False)))
     else:
         outcome = state.result()
-        shutil.rmtree(request.checkpoint_dir, ignore_errors=True)  # the model is in MLflow
+        if request.checkpoint_dir is not None:  # the model is in MLflow
+            shutil.rmtree(request.checkpoint_dir, ignore_errors=True)
     return summarize(request.run_id, job.name, job.config, outcome)
 
 
@@ -274,8 +274,12 @@ def train_on_pool(
 def train_each(plan: SweepPlan, run: SweepRun, pool: str | None) -> list[ConfigSummary]:
     """Every configuration: reused from an earlier attempt, or trained here or on `pool`."""
     summaries, pending = reuse_finished(plan, run)
-    progress = create_progress_artifact(
-        0.0, key="sweep-progress", description=f"Training {len(plan.configs)} runs"
+    # Prefect's dispatcher returns a coroutine only to async callers; this one is synchronous.
+    progress = cast(
+        UUID,
+        create_progress_artifact(
+            0.0, key="sweep-progress", description=f"Training {len(plan.configs)} runs"
+        ),
     )
     if pool is None:
         summaries |= {job.index: train_here(plan, run, job, progress) for job in pending}

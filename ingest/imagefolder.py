@@ -92,7 +92,8 @@ class _Tree:
 
     def _walk(self) -> tuple[list[str], set[str]]:
         """A folder's files and folders, links checked (`_file_inside`), none followed."""
-        files, folders = [], set()
+        files: list[str] = []
+        folders: set[str] = set()
         for top, subfolders, names in os.walk(self.location):
             relative = Path(top).relative_to(self.location)
             for name in sorted(subfolders):

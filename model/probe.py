@@ -152,13 +152,16 @@ class _Session:
 
     def _trainer(self, towers: int, learning_rate, on_first_device: bool = False):
         """A fresh network (the run's seed) and its tower step: `towers` towers, one per tower
-        device, or all on the first one."""
+        device, or all on the first one. The optimizer is the run's, with the hyperparameters
+        the rule of its family gives it at that batch (an adaptive optimizer's square-root
+        rule)."""
         import keras
         import tensorflow as tf
 
         from towerbench.model.devices import TowerDevices
         from towerbench.model.input_pipeline import network_input_shape
         from towerbench.model.networks import build_network
+        from towerbench.model.optimizers import build_optimizer
         from towerbench.model.towers import TowerTrainer
 
         config = self.config
@@ -172,11 +175,10 @@ class _Session:
             isinstance(layer, keras.layers.BatchNormalization)
             for layer in network.model._flatten_layers()
         )
-        optimizer = keras.optimizers.SGD(
-            learning_rate=learning_rate,
-            momentum=config.momentum if config.optimizer in ("momentum", "nesterov") else 0.0,
-            nesterov=config.optimizer == "nesterov",
-        )
+        if not on_first_device:  # the K-tower batch: the family's rule sets the hyperparameters
+            batch = config.global_batch * towers
+            config = config.model_copy(update={"global_batch": batch, "lr_scaling": "sqrt"})
+        optimizer = build_optimizer(config, learning_rate)
         devices = TowerDevices(
             devices=self.device.devices[:1] * towers if on_first_device else self.device.devices,
             parameter_device=self.device.parameter_device,
@@ -187,7 +189,7 @@ class _Session:
             network,
             optimizer,
             devices,
-            weight_decay=config.weight_decay,
+            weight_decay=config.l2_weight_decay,
             jit_compile=config.xla,
             precision=config.precision,
         )

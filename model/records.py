@@ -78,7 +78,7 @@ class EpochRecord:
         return _present(self)
 
     @classmethod
-    def from_dict(cls, entry: dict[str, float]) -> EpochRecord:
+    def from_dict(cls, entry: dict[str, Any]) -> EpochRecord:
         # History files before these records stored the step as a float.
         return cls(**{**entry, "step": int(entry["step"])})
 

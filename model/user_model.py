@@ -15,6 +15,7 @@ import importlib.util
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
 import keras
 import numpy as np
@@ -40,9 +41,9 @@ def _raised(what: str, error: BaseException) -> str:
     return f"{what} raised {type(error).__name__}: {message} ({_where_raised(error)})"
 
 
-def _import(reference: ModelReference):
+def _import(reference: ModelReference) -> ModuleType:
     """The module the function lives in, imported once per process."""
-    if reference.path is None:
+    if reference.module is not None:
         try:
             return importlib.import_module(reference.module)
         except Exception as error:  # the user's code: any exception is a one-line refusal
@@ -50,12 +51,14 @@ def _import(reference: ModelReference):
                 f"{reference.text}: " + _raised(f"importing {reference.module}", error)
             ) from None
     path = reference.path
-    if not path.is_file():
+    if path is None or not path.is_file():
         raise TowerbenchError(f"{reference.text}: {path}: no such model file")
     name = f"towerbench_user_model_{abs(hash(str(path.resolve())))}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TowerbenchError(f"{reference.text}: {path} cannot be imported as a module")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
@@ -65,10 +68,10 @@ def _import(reference: ModelReference):
     return module
 
 
-def load_builder(reference: ModelReference) -> Callable[..., object]:
-    """The user's model-building function."""
+def load_builder(reference: ModelReference, function: str) -> Callable[..., object]:
+    """The user's model-building `function`, the one `reference` names."""
     module = _import(reference)
-    builder = getattr(module, reference.function, None)
+    builder = getattr(module, function, None)
     if builder is None:
         defined = sorted(
             name
@@ -77,11 +80,11 @@ def load_builder(reference: ModelReference) -> Callable[..., object]:
         )
         shown = ", ".join(defined) if defined else "none"
         raise TowerbenchError(
-            f"{reference.text}: no function {reference.function!r} in "
+            f"{reference.text}: no function {function!r} in "
             f"{reference.path or reference.module} (its functions: {shown})"
         )
     if not callable(builder):
-        raise TowerbenchError(f"{reference.text}: {reference.function} is not a function")
+        raise TowerbenchError(f"{reference.text}: {function} is not a function")
     return builder
 
 
@@ -102,8 +105,10 @@ def _owners(model: keras.Model) -> dict[int, keras.layers.Layer]:
 def _final_softmax(model: keras.Model, probe: np.ndarray) -> str | None:
     """Why the output looks like probabilities rather than logits, or None."""
     last = model.layers[-1] if model.layers else None
-    activation = getattr(last, "activation", None)
-    if isinstance(last, keras.layers.Softmax) or activation is keras.activations.softmax:
+    if last is not None and (
+        isinstance(last, keras.layers.Softmax)
+        or getattr(last, "activation", None) is keras.activations.softmax
+    ):
         return f"its last layer {last.name!r} applies softmax"
     rows = probe.sum(axis=-1)
     if probe.shape[-1] > 1 and np.all(probe >= 0) and np.allclose(rows, 1.0, atol=1e-5):
@@ -230,17 +235,20 @@ def build_user_model(
     for images of `input_shape` (H, W, C) under `precision`'s dtype policy, and checked. The
     process's policy is the same after as before, whatever the file sets."""
     reference = parse_model(text)
+    function = reference.function
+    if function is None:
+        raise ValueError(f"{text!r} is a built-in network, not a function of the user's")
     with layers_in(precision):  # a policy the file sets when imported ends here
-        builder = load_builder(reference)
+        builder = load_builder(reference, function)
     shape = tuple(int(size) for size in input_shape)
     with layers_in(precision):
         try:
             model = builder(shape, num_classes)
         except Exception as error:
             raise TowerbenchError(
-                f"{text}: " + _raised(f"{reference.function}({shape}, {num_classes})", error)
+                f"{text}: " + _raised(f"{function}({shape}, {num_classes})", error)
             ) from None
-        model = check_model(model, text, reference.function, shape, num_classes)
+        model = check_model(model, text, function, shape, num_classes)
     _check_precision(model, text, precision)
     return model
 

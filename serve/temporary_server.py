@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import types
+from unittest import mock
 
 from towerbench.core.processes import stop
 
@@ -41,12 +42,9 @@ def start_owned_temporary_server(timeout_seconds: int) -> None:
             popen = functools.partial(
                 subprocess.Popen, start_new_session=True, preexec_fn=_end_with_parent
             )
-            original = prefect_server.subprocess
-            prefect_server.subprocess = types.SimpleNamespace(Popen=popen)
-            try:
+            stand_in = types.SimpleNamespace(Popen=popen)
+            with mock.patch.object(prefect_server, "subprocess", stand_in):
                 return super()._run_uvicorn_command()
-            finally:
-                prefect_server.subprocess = original
 
         def stop(self) -> None:
             # Stopped at our exit, when nothing waits on its answers any more: 2 s to shut down

@@ -9,18 +9,20 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
-import mlflow.data
 import numpy as np
 from mlflow.data.dataset import Dataset
+from mlflow.data.numpy_dataset import from_numpy
 from mlflow.entities import DatasetInput, InputTag, Param, Run, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from towerbench.config.model_ref import model_label, provenance
+from towerbench.config.optimizers import adascale_power
 from towerbench.config.params import SWEEP_AXES, TrackingConfig
 from towerbench.config.sections import TrainConfig
 from towerbench.config.tracking_uri import check_store_exists
@@ -161,9 +163,10 @@ def dataset_input(data_dir: Path, dataset: str, data_version: str) -> Dataset:
     placeholder = np.zeros([1, *manifest.image_shape], dtype=np.uint8)
     # MLflow digests hold at most 36 characters: a DVC `<md5>.dir` fits, a prefixed one is cut.
     digest = data_version if len(data_version) <= 36 else data_version.rsplit(":", 1)[-1][:36]
-    return mlflow.data.from_numpy(
-        placeholder, source=str(folder.resolve()), name=dataset, digest=digest
-    )
+    with warnings.catch_warnings():
+        # MLflow registers two resolvers of local paths, warns that they overlap and takes one.
+        warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+        return from_numpy(placeholder, source=str(folder.resolve()), name=dataset, digest=digest)
 
 
 def log_sweep_inputs(
@@ -197,8 +200,8 @@ def sweep_key(configs: list[TrainConfig], data_versions: list[str], flow: str) -
     """The same configurations on the same data from the same flow, and the same content of
     every model file: the same sweep (editing a model file starts a new one)."""
     digests = sorted({provenance(c.model).get("model_digest", "") for c in configs} - {""})
-    payload = [flow, sorted(data_versions), [config_key(c) for c in configs]]
-    payload = json.dumps(payload + [digests] if digests else payload)
+    identity = [flow, sorted(data_versions), [config_key(c) for c in configs]]
+    payload = json.dumps(identity + [digests] if digests else identity)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -264,6 +267,16 @@ def start_sweep_run(
     return run.info.run_id
 
 
+def effective_optimizer(config: TrainConfig) -> dict[str, float | str]:
+    """The optimizer's hyperparameters as the run uses them (its scaling rule applied), and
+    under AdaScale the power of the gain in the LR."""
+    values: dict[str, float | str] = {"optimizer": config.optimizer}
+    values.update(config.optimizer_hyperparameters().items())
+    if config.lr_scaling == "adascale":
+        values["adascale_power"] = adascale_power(config.optimizer)
+    return values
+
+
 def create_config_run(
     tracking: TrackingConfig,
     experiment_id: str,
@@ -288,6 +301,7 @@ def create_config_run(
         },
     )
     params = flat_params(config.model_dump(mode="json"))
+    params.update(flat_params({"effective": effective_optimizer(config)}))
     params["data_version"] = data_version
     params.update(provenance(config.model))
     log_params(client, run.info.run_id, params)

@@ -161,3 +161,45 @@ def test_choosing_a_recipe_loads_no_tensorflow():
         [sys.executable, "-c", script], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+ADAM = dict(
+    towers=4,
+    per_tower_batch=128,
+    reference_batch=128,
+    base_lr=0.001,
+    epochs=10,
+    has_batchnorm=True,
+    optimizer="adam",
+    optimizer_values=(("beta_1", 0.9), ("beta_2", 0.999), ("epsilon", 1e-7)),
+)
+
+
+def test_an_adaptive_optimizer_never_gets_the_linear_rule():
+    """Well below the noise scale SGD would scale linearly (cure-bn); Adam's LR factor is the
+    gain to the power 1/2 = 1.96, sqrt's 2: the square-root rule, with its betas and epsilon."""
+    recipe = choose_recipe(Measurements(**dict(ADAM, noise_scale=9228)))
+    assert recipe.lr_scaling.value == "sqrt"
+    assert "an LR factor of 1.96 for an adaptive optimizer" in recipe.lr_scaling.reason
+    assert recipe.hyperparameters == pytest.approx(
+        {"beta_1": 0.6, "beta_2": 0.996, "epsilon": 5e-8}
+    )
+    assert "the square-root rule (Malladi et al. 2022) at k = 4" in recipe.optimizer.reason
+    assert choose_recipe(Measurements(**ADAM)).lr_scaling.value == "sqrt"  # no noise scale
+
+
+def test_adamscale_when_the_adaptive_gain_is_far_from_sqrt():
+    """Noise scale 128: gain 1.6, to the power 1/2 1.26, 37% from sqrt's 2."""
+    recipe = choose_recipe(Measurements(**dict(ADAM, noise_scale=128)))
+    assert recipe.lr_scaling.value == "adascale"
+    assert "AdaScale's gain to the power 1/2 (AdamScale)" in recipe.optimizer.reason
+    assert recipe.hyperparameters == {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
+
+
+@pytest.mark.parametrize(("optimizer", "layer_wise"), [("adam", "lamb"), ("momentum", "lars")])
+def test_the_layer_wise_optimizer_is_named_when_no_rule_is_stable(optimizer, layer_wise):
+    measured = dict(ADAM, optimizer=optimizer, noise_scale=9228, largest_stable_lr=0.001)
+    measured["optimizer_values"] = () if optimizer == "momentum" else ADAM["optimizer_values"]
+    recipe = choose_recipe(Measurements(**measured))
+    assert recipe.lr_scaling.value == "none"
+    assert f"no rule scaled the LR stably: {layer_wise} gives each layer" in recipe.optimizer.reason

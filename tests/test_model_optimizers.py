@@ -13,7 +13,7 @@ from towerbench.config.optimizers import OPTIMIZERS, adascale_power
 from towerbench.config.sections import TrainConfig
 from towerbench.model.adascale import AdaScale, AdaScaleSchedule
 from towerbench.model.lars import LARS
-from towerbench.model.optimizers import build_optimizer, hyperparameters, l2_weight_decay
+from towerbench.model.optimizers import build_optimizer
 from towerbench.model.schedules import EpochSchedule, scaled_learning_rate
 
 
@@ -22,7 +22,7 @@ def test_the_square_root_rule_for_adam_at_four_times_the_batch() -> None:
     config = TrainConfig(
         optimizer="adam", base_lr=0.001, global_batch=512, reference_batch=128, lr_scaling="sqrt"
     )
-    values = hyperparameters(config)
+    values = config.optimizer_hyperparameters()
     assert values.beta_1 == pytest.approx(0.6)  # 1 - 4 x 0.1
     assert values.beta_2 == pytest.approx(0.996)  # 1 - 4 x 0.001
     assert values.epsilon == pytest.approx(5e-8)  # 1e-7 / 2
@@ -33,9 +33,9 @@ def test_the_square_root_rule_for_rmsprop_scales_rho_and_keeps_beta_at_zero_at_m
     rmsprop = TrainConfig(
         optimizer="rmsprop", global_batch=512, reference_batch=128, lr_scaling="sqrt"
     )
-    assert hyperparameters(rmsprop).rho == pytest.approx(0.6)
+    assert rmsprop.optimizer_hyperparameters().rho == pytest.approx(0.6)
     far = TrainConfig(optimizer="adam", global_batch=2048, reference_batch=128, lr_scaling="sqrt")
-    assert hyperparameters(far).beta_1 == 0.0  # 16 x 0.1 would pass 1: held at 0
+    assert far.optimizer_hyperparameters().beta_1 == 0.0  # 16 x 0.1 would pass 1: held at 0
 
 
 @pytest.mark.parametrize("rule", ["none", "linear", "adascale"])
@@ -43,21 +43,23 @@ def test_only_the_square_root_rule_moves_the_adaptive_hyperparameters(rule: str)
     config = TrainConfig(
         optimizer="adam", towers=4, global_batch=512, reference_batch=128, lr_scaling=rule
     )
-    values = hyperparameters(config)
+    values = config.optimizer_hyperparameters()
     assert (values.beta_1, values.beta_2, values.epsilon) == (0.9, 0.999, 1e-7)
 
 
 def test_sgd_family_hyperparameters_ignore_the_square_root_rule() -> None:
     config = TrainConfig(optimizer="momentum", global_batch=512, lr_scaling="sqrt")
-    assert hyperparameters(config).items() == {"momentum": 0.9}
+    assert config.optimizer_hyperparameters().items() == {"momentum": 0.9}
 
 
 def test_weight_decay_is_the_optimizers_for_adamw_lamb_and_lars_only() -> None:
     for name in OPTIMIZERS:
         config = TrainConfig(optimizer=name, weight_decay=0.01)
         decoupled = name in ("adamw", "lamb", "lars")
-        assert hyperparameters(config).weight_decay == (0.01 if decoupled else None), name
-        assert l2_weight_decay(config) == (0.0 if decoupled else 0.01), name
+        assert config.optimizer_hyperparameters().weight_decay == (0.01 if decoupled else None), (
+            name
+        )
+        assert config.l2_weight_decay == (0.0 if decoupled else 0.01), name
 
 
 def test_adamscale_gain_is_adascales_to_the_power_one_half() -> None:

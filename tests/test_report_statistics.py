@@ -326,7 +326,10 @@ def test_rendered_tables_fit_a_page_and_figures_can_be_embedded() -> None:
         header, rows, records, {"accuracy_vs_epoch.png": "data:image/png;base64,AA"}
     )
     table_headers = [line for line in text.splitlines() if line.startswith("| configuration |")]
-    assert len(table_headers) == 6 and all(line.count("|") <= 7 for line in table_headers)
+    assert len(table_headers) == 7 and all(line.count("|") <= 7 for line in table_headers)
+    # The optimizers table: weight decay as the optimizer applies it, AdaScale's LR factor.
+    adascale = "| towers=4 lr=adascale | momentum | momentum 0.9 | L2 0.004 in the loss | gain |"
+    assert adascale in text
     assert "| towers=4 lr=linear | 200 | — | 2.17× |" in text  # no final value given
     assert "| towers=4 lr=adascale | 2.50 · 2.40 | 0.5 | 0.01 | 1000 / 400 |" in text
     assert "The verdicts use its harmonic mean" in text

@@ -52,13 +52,18 @@ def probe_document(result: ProbeResult) -> dict[str, Any]:
 
 
 def recipe_document(recipe: Recipe) -> dict[str, dict[str, Any]]:
+    """Each choice as {value, reason}; the optimizer's with its hyperparameters as the K-tower
+    run uses them."""
     choices = {
+        "optimizer": recipe.optimizer,
         "lr_scaling": recipe.lr_scaling,
         "warmup_epochs": recipe.warmup_epochs,
         "budget": recipe.budget,
         "decay": recipe.decay,
     }
-    return {name: dataclasses.asdict(choice) for name, choice in choices.items()}
+    document = {name: dataclasses.asdict(choice) for name, choice in choices.items()}
+    document["optimizer"]["hyperparameters"] = recipe.hyperparameters
+    return document
 
 
 def recipe_params(params: Params, train: TrainConfig, grid: SweepGrid) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from towerbench.config.optimizers import HYPERPARAMETERS, family
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.model.noise_advice import advising_noise_scale
@@ -41,10 +42,14 @@ class ProbeRequest:
 
     def learning_rates(self) -> list[float]:
         """The LRs a recipe can ask for at the K-tower batch, increasing: the base LR, sqrt's
-        and linear's (AdaScale's gain lies between 1 and linear's)."""
+        and, for the SGD family, linear's (AdaScale's gain lies between 1 and linear's; an
+        adaptive optimizer's, to the power 1/2, between 1 and sqrt's)."""
         scale = self.global_batch / self.reference.reference_batch
         base = self.reference.base_lr
-        return sorted({base, base * math.sqrt(scale), base * scale})
+        rules = {base, base * math.sqrt(scale)}
+        if family(self.reference.optimizer) == "sgd":
+            rules.add(base * scale)
+        return sorted(rules)
 
 
 def _probe_here(request: ProbeRequest) -> ProbeResult:
@@ -166,4 +171,10 @@ def measurements(request: ProbeRequest, result: ProbeResult) -> Measurements:
         decay_epochs=reference.decay_epochs,
         decay_factor=reference.decay_factor,
         decay_boundaries=tuple(reference.decay_boundaries),
+        optimizer=reference.optimizer,
+        optimizer_values=tuple(
+            (name, getattr(reference, name))
+            for name in sorted(HYPERPARAMETERS[reference.optimizer])
+        ),
+        weight_decay=reference.weight_decay,
     )

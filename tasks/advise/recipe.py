@@ -28,6 +28,13 @@ The rules, and what they rest on:
   it 4 towers came within 0.4 pp (cure-bn), and on digits a constant LR left the last epoch's
   accuracy to float rounding (the digits preset in config/sections.py).
 
+- **Optimizer family.** Adaptive optimizers (adam, adamw, rmsprop, lamb) take the rules that fit
+  them: the square-root rule of Malladi et al. 2022 (LR x sqrt(k), 1 - beta x k, epsilon /
+  sqrt(k)) and AdaScale's gain to the power 1/2 (AdamScale), compared with the predicted gain to
+  the same power; the linear rule is not theirs. When no rule is stable at the K-tower batch, the
+  recipe names the layer-wise optimizer of the family: LARS for SGD (You et al. 2017 trained
+  batches the linear rule diverged at), LAMB for Adam (You et al. 2019).
+
 Which noise scale: the harmonic mean of its values along the probe (model/noise_advice.py, the
 report's rule). It grows as the loss falls (McCandlish et al.), so the probe's early values
 understate later gains; a fixed rule chosen from them errs towards a smaller LR and more updates.
@@ -40,6 +47,13 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from towerbench.config.optimizers import (
+    ALL_HYPERPARAMETERS,
+    LAYER_WISE,
+    adascale_power,
+    effective_hyperparameters,
+    family,
+)
 from towerbench.model.noise_advice import EPOCHS_TOLERANCE
 
 ScalingRule = Literal["none", "linear", "sqrt", "adascale"]
@@ -72,6 +86,9 @@ class Measurements:
     decay_epochs: float = 350.0
     decay_factor: float = 0.1
     decay_boundaries: tuple[float, ...] = ()
+    optimizer: str = "sgd"
+    optimizer_values: tuple[tuple[str, float], ...] = ()  # the user's hyperparameters
+    weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("towers", "per_tower_batch", "reference_batch", "base_lr", "epochs"):
@@ -106,6 +123,8 @@ class Recipe:
     budget: Choice
     decay: Choice
     predicted_gain: float | None
+    optimizer: Choice
+    hyperparameters: dict[str, float]  # the optimizer's, as the K-tower run uses them
 
     def lines(self) -> list[str]:
         """`scaling: sqrt — reason`, one per choice."""
@@ -114,6 +133,7 @@ class Recipe:
             if isinstance(choice.value, float)
             else f"{name}: {choice.value} — {choice.reason}"
             for name, choice in (
+                ("optimizer", self.optimizer),
                 ("scaling", self.lr_scaling),
                 ("warmup epochs", self.warmup_epochs),
                 ("budget", self.budget),
@@ -147,18 +167,51 @@ def choose_recipe(measured: Measurements) -> Recipe:
         gain = predicted_gain(noise, measured.reference_batch, measured.global_batch)
     scaling = _scaling(measured, gain)
     rule = str(scaling.value)
+    values = effective_hyperparameters(
+        measured.optimizer,
+        {name: 0.0 for name in ALL_HYPERPARAMETERS} | dict(measured.optimizer_values),
+        rule,
+        measured.scale,
+        measured.weight_decay,
+    ).items()
     return Recipe(
         lr_scaling=scaling,
         warmup_epochs=_warmup(measured, rule),
         budget=_budget(measured, gain, rule),
         decay=_decay(measured, rule),
         predicted_gain=gain,
+        optimizer=_optimizer(measured, rule, values),
+        hyperparameters=values,
     )
+
+
+def _optimizer(measured: Measurements, rule: str, values: dict[str, float]) -> Choice:
+    """The user's optimizer, with its hyperparameters at the K-tower batch; the layer-wise one
+    of its family named when no rule could scale the LR."""
+    shown = ", ".join(f"{name} {value:.4g}" for name, value in values.items()) or "no others"
+    how = {
+        "sqrt": f"the square-root rule (Malladi et al. 2022) at k = {measured.scale:g}",
+        "adascale": "AdaScale's gain to the power 1/2 (AdamScale)",
+    }
+    if family(measured.optimizer) == "adaptive" and rule in how:
+        reason = f"adaptive, scaled by {how[rule]}: {shown}"
+    else:
+        reason = f"{family(measured.optimizer)} family: {shown}"
+    layer_wise = "lamb" if family(measured.optimizer) == "adaptive" else "lars"
+    if rule == "none" and measured.scale > 1 and measured.optimizer not in LAYER_WISE:
+        paper = "You et al. 2019" if layer_wise == "lamb" else "You et al. 2017"
+        reason += (
+            f"; no rule scaled the LR stably: {layer_wise} gives each layer its own LR "
+            f"({paper} trained batches the plain rules diverged at; untested here)"
+        )
+    return Choice(measured.optimizer, reason)
 
 
 def _batch_against_noise(measured: Measurements) -> str:
     """`global batch 512 is 2.6× the noise scale 196 (probe)`."""
     noise, batch = measured.usable_noise_scale, measured.global_batch
+    if noise is None:
+        raise ValueError("no usable noise scale to set the batch against")
     ratio = batch / noise
     relation = "well below" if ratio < 0.5 else f"{ratio:.1f}×"
     source = measured.noise_scale_source
@@ -166,8 +219,17 @@ def _batch_against_noise(measured: Measurements) -> str:
 
 
 def _factors(measured: Measurements, gain: float | None) -> dict[str, float]:
-    factors = {"linear": measured.scale, "sqrt": math.sqrt(measured.scale)}
-    return factors if gain is None else {**factors, "adascale": gain}
+    """Each rule's LR factor: for adaptive optimizers sqrt's and AdamScale's (the gain to the
+    power 1/2), for the SGD family linear's, sqrt's and AdaScale's."""
+    factors = {"sqrt": math.sqrt(measured.scale)}
+    if family(measured.optimizer) == "sgd":
+        factors = {"linear": measured.scale, **factors}
+    return factors if gain is None else {**factors, "adascale": _lr_gain(measured, gain)}
+
+
+def _lr_gain(measured: Measurements, gain: float) -> float:
+    """The LR factor the predicted gain asks of this optimizer."""
+    return gain ** adascale_power(measured.optimizer)
 
 
 def _unstable(measured: Measurements, factor: float) -> bool:
@@ -212,7 +274,9 @@ def _scaling(measured: Measurements, gain: float | None) -> Choice:
         preferred = ("linear", "sqrt") if measured.has_batchnorm else ("sqrt", "linear")
         rule = next(rule for rule in preferred if rule in stable)
         why = (
-            "BatchNorm networks nearly follow the linear rule (Goyal et al.; You et al.)"
+            "adaptive optimizers follow the square-root rule (Malladi et al. 2022)"
+            if family(measured.optimizer) == "adaptive"
+            else "BatchNorm networks nearly follow the linear rule (Goyal et al.; You et al.)"
             if measured.has_batchnorm
             else "without BatchNorm the linear rule is unreliable (You et al.; LRN diverged here)"
         )
@@ -222,6 +286,9 @@ def _scaling(measured: Measurements, gain: float | None) -> Choice:
             f"batch {batch}{caveat}",
         )
     clause = f"{_batch_against_noise(measured)}: predicted gain {gain:.2f} of {measured.scale:g}"
+    if family(measured.optimizer) == "adaptive":
+        clause += f", an LR factor of {_lr_gain(measured, gain):.2f} for an adaptive optimizer"
+    gain = _lr_gain(measured, gain)
     fixed = {rule: f for rule, f in stable.items() if rule != "adascale"}
     near = {rule: f for rule, f in fixed.items() if _distance(f, gain) <= math.log(RULE_TOLERANCE)}
     if near:

@@ -34,7 +34,7 @@ class Verification(BaseModel):
     time_ratio: float | None  # mean wall time of a K-tower run / of a 1-tower run
     verdict: str
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented use
     @property
     def reached(self) -> bool:
         return self.outcome == "reached"
@@ -66,7 +66,7 @@ def _accuracies(summaries: list[ConfigSummary], one_tower: bool) -> list[float]:
 
 def _time_ratio(summaries: list[ConfigSummary]) -> tuple[float | None, str]:
     """K-tower over 1-tower mean wall time, and how it reads."""
-    times = {True: [], False: []}
+    times: dict[bool, list[float]] = {True: [], False: []}
     for summary in summaries:
         if summary.wall_time is not None and summary.status == Status.COMPLETED:
             times[summary.towers * summary.workers == 1].append(summary.wall_time)
@@ -101,7 +101,7 @@ def verify_outcome(result: SweepResult, recipe: Recipe) -> Verification:
     difference = welch(many, ones)
     interval = (
         f", 95% CI [{_pp(difference.ci_low)}, {_pp(difference.ci_high)}]"
-        if difference.ci_low is not None
+        if difference.ci_low is not None and difference.ci_high is not None
         else " (one seed a side: no interval)"
     )
     close = difference.difference >= -CLOSE_ENOUGH

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -80,19 +80,18 @@ def _differences(asked: Any, declared: Any, key: str) -> list[str]:
     return [f"{key}: {asked!r} in the form, {declared!r} in params.yaml"]
 
 
-def _declared(project: Path, sections: dict[str, BaseModel]) -> dict[str, BaseModel]:
-    """params.yaml's own values of `sections`, validated by the same models."""
-    path = project / PARAMS_FILE
-    document = yaml.safe_load(path.read_text()) or {}
-    declared = {}
-    for section, config in sections.items():
-        try:
-            declared[section] = type(config).model_validate(document.get(section) or {})
-        except ValidationError as error:
-            problem = error.errors()[0]
-            field = ".".join(str(part) for part in (section, *problem["loc"]))
-            raise TowerbenchError(f"{path}: {field}: {problem['msg']}") from None
-    return declared
+Section = TypeVar("Section", bound=BaseModel)
+
+
+def _declared(path: Path, document: dict[str, Any], section: str, model: type[Section]) -> Section:
+    """params.yaml's own values of `section` (`document` is the file read at `path`), validated
+    by the model the form's values have."""
+    try:
+        return model.model_validate(document.get(section) or {})
+    except ValidationError as error:
+        problem = error.errors()[0]
+        field = ".".join(str(part) for part in (section, *problem["loc"]))
+        raise TowerbenchError(f"{path}: {field}: {problem['msg']}") from None
 
 
 @dataclass(frozen=True)
@@ -136,30 +135,37 @@ def data_stages(
     """
     project = Path(project).resolve()
     name = dataset_name(fetch)
-    asked = {"fetch": fetch.model_copy(update={"name": name}), "preprocess": preprocess}
-    declared = _declared(project, {**asked, "data": DataConfig()})  # params.yaml read once
-    own_name = dataset_name(declared["fetch"])
-    declared["fetch"] = declared["fetch"].model_copy(update={"name": own_name})
+    asked_fetch = fetch.model_copy(update={"name": name})
+    path = project / PARAMS_FILE
+    document = yaml.safe_load(path.read_text()) or {}  # params.yaml read once
+    declared_fetch = _declared(path, document, "fetch", FetchConfig)
+    declared_preprocess = _declared(path, document, "preprocess", PreprocessConfig)
+    declared_data = _declared(path, document, "data", DataConfig)
+    own_name = dataset_name(declared_fetch)
+    compared = {
+        "fetch": (asked_fetch, declared_fetch.model_copy(update={"name": own_name})),
+        "preprocess": (preprocess, declared_preprocess),
+    }
     differences = sorted(
         difference
-        for section, config in asked.items()
+        for section, (asked, declared) in compared.items()
         for difference in _differences(
-            config.model_dump(mode="json"), declared[section].model_dump(mode="json"), section
+            asked.model_dump(mode="json"), declared.model_dump(mode="json"), section
         )
     )
-    same_data_dir = (project / declared["data"].data_dir).resolve() == Path(data_dir).resolve()
+    same_data_dir = (project / declared_data.data_dir).resolve() == Path(data_dir).resolve()
     if not differences and same_data_dir:
         return DataStages(project, project)
     if name == own_name and differences:
         raise TowerbenchError(
-            f"{project / PARAMS_FILE}: {'; '.join(differences)} (the form's dataset has "
+            f"{path}: {'; '.join(differences)} (the form's dataset has "
             f"params.yaml's name {name!r} but other settings: give it another name, or leave "
             "the settings as they are)"
         )
     folder = project / FORM_DATASETS / name
     folder.mkdir(parents=True, exist_ok=True)
     params = {
-        "fetch": asked["fetch"].model_dump(mode="json", exclude_defaults=True),
+        "fetch": asked_fetch.model_dump(mode="json", exclude_defaults=True),
         "preprocess": preprocess.model_dump(mode="json", exclude_defaults=True),
         "data": {"data_dir": os.path.relpath(Path(data_dir).resolve(), folder)},
     }

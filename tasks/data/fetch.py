@@ -16,7 +16,7 @@ from towerbench.tasks.data.dvc_stages import (
     repro_stage,
 )
 
-RETRY_DELAYS_SECONDS = [10, 60]
+RETRY_DELAYS_SECONDS: list[float] = [10, 60]
 
 
 def transient_io_failure(task: Task, task_run: TaskRun, state: State) -> bool:  # noqa: ARG001

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from towerbench.config.model_ref import model_label
+from towerbench.config.model_ref import model_label, parse_model
+from towerbench.config.optimizers import DECOUPLED_WEIGHT_DECAY, adascale_power
 from towerbench.core.markdown import markdown_table
 from towerbench.core.outcome import Status
 from towerbench.model.noise_advice import epochs_needed
@@ -38,7 +39,7 @@ def _difference(row: GroupRow) -> str:
 
 def _interval(row: GroupRow) -> str:
     difference = row.difference
-    if difference is None or difference.ci_low is None:
+    if difference is None or difference.ci_low is None or difference.ci_high is None:
         return "—"
     return f"[{100 * difference.ci_low:+.2f}, {100 * difference.ci_high:+.2f}]"
 
@@ -119,6 +120,38 @@ SETUP_COLUMNS: list[Column] = [
     ("epochs", lambda row: f"{row.config.epochs:g}"),
     ("updates", lambda row: number(row.steps, ".0f")),
     ("seeds ok", lambda row: f"{_completed(row)}/{len(row.runs)}"),
+]
+
+
+def _hyperparameters(row: GroupRow) -> str:
+    values = row.config.optimizer_hyperparameters().items()
+    values.pop("weight_decay", None)
+    return ", ".join(f"{name} {value:.4g}" for name, value in values.items()) or "—"
+
+
+def weight_decay_meaning(row: GroupRow) -> str:
+    """`L2 0.004 in the loss`, `decoupled 0.004 (the optimizer's)` or `the model's own`."""
+    config = row.config
+    if config.optimizer in DECOUPLED_WEIGHT_DECAY:
+        return f"decoupled {config.weight_decay:g} (the optimizer's)"
+    if not parse_model(config.model).builtin:
+        return "the model's regularizers, in the loss"
+    return f"L2 {config.weight_decay:g} in the loss"
+
+
+def _lr_gain(row: GroupRow) -> str:
+    if row.config.lr_scaling != "adascale":
+        return "—"
+    power = adascale_power(row.config.optimizer)
+    return "gain" if power == 1 else f"gain^{power:g} (AdamScale)"
+
+
+OPTIMIZER_COLUMNS: list[Column] = [
+    ("configuration", lambda row: row.group),
+    ("optimizer", lambda row: row.config.optimizer),
+    ("hyperparameters as run", _hyperparameters),
+    ("weight decay", weight_decay_meaning),
+    ("AdaScale LR factor", _lr_gain),
 ]
 
 ACCURACY_COLUMNS: list[Column] = [

@@ -128,7 +128,7 @@ def write_report(
     client = existing_store_client(tracking)
     parent = sweep_parent(client, parent_run_id)
     partial = running_note(client, parent) if say is not None else None
-    if partial is not None:
+    if say is not None and partial is not None:
         say(partial)
     records = sweep_records(client, parent)
     swept = swept_besides_axes(parent)

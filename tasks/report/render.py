@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from towerbench.config.optimizers import DECOUPLED_WEIGHT_DECAY
 from towerbench.core.markdown import markdown_table
 from towerbench.tasks.report.columns import (
     ACCURACY_COLUMNS,
     ADASCALE_COLUMNS,
     LOSS_COLUMNS,
     NOISE_COLUMNS,
+    OPTIMIZER_COLUMNS,
     SETUP_COLUMNS,
     models,
     number,
@@ -61,19 +63,18 @@ def epoch_table(rows: list[GroupRow], most_rows: int = 20) -> str:
 
 def loss_paradox(rows: list[GroupRow]) -> str:
     """When does a lower training loss come with a lower test accuracy? Said from the numbers."""
-    measured = [
-        row
+    measured = [  # (row, its training cross-entropy)
+        (row, train_loss)
         for row in rows
         if row.accuracy.count
-        and row.losses.get("train_cross_entropy") is not None
+        and (train_loss := row.losses.get("train_cross_entropy")) is not None
         and row.losses.get("test_cross_entropy") is not None
     ]
     paradoxes = [
         (row, other)
-        for row in measured
-        for other in measured
-        if row.losses["train_cross_entropy"] < other.losses["train_cross_entropy"]
-        and row.accuracy.mean < other.accuracy.mean
+        for row, row_train_loss in measured
+        for other, other_train_loss in measured
+        if row_train_loss < other_train_loss and row.accuracy.mean < other.accuracy.mean
     ]
     how = (
         "Every training loss here averages the cross-entropy over all towers' examples of the "
@@ -174,11 +175,31 @@ def _verdicts(rows: list[GroupRow]) -> list[str]:
     return lines
 
 
+def _optimizers(rows: list[GroupRow]) -> list[str]:
+    """The optimizer of each configuration with its hyperparameters as it ran them: the
+    square-root rule moves an adaptive optimizer's betas and epsilon (Malladi et al. 2022)."""
+    return [
+        "## Optimizers",
+        "",
+        "Hyperparameters as each run used them, its scaling rule applied (sqrt on adam, adamw, "
+        "rmsprop and lamb: 1 − β × k, ε / √k, Malladi et al. 2022); weight decay as the "
+        "optimizer applies it.",
+        "",
+        table(OPTIMIZER_COLUMNS, rows),
+    ]
+
+
 def _losses(rows: list[GroupRow]) -> list[str]:
+    decoupled = any(row.config.optimizer in DECOUPLED_WEIGHT_DECAY for row in rows)
     lines = [
         "## Losses",
         "",
-        "Cross-entropy (CE) of the last epoch; weight decay is the L2 term added to it.",
+        "Cross-entropy (CE) of the last epoch; weight decay is the L2 term added to it"
+        + (
+            " (none where the optimizer decays the weights itself: adamw, lamb, lars)."
+            if decoupled
+            else "."
+        ),
         "",
         table(LOSS_COLUMNS, rows),
         "",
@@ -274,6 +295,7 @@ def render_report(
     sections = [
         _heading(header, rows),
         ["## Configurations", "", table(SETUP_COLUMNS, rows), *_normalised(rows)],
+        _optimizers(rows),
         ["## Accuracy", "", table(ACCURACY_COLUMNS, rows)],
         _verdicts(rows),
         _losses(rows),

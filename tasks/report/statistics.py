@@ -140,7 +140,12 @@ class AdaScaleSummary:
 
 def adascale_summary(runs: list[RunRecord]) -> AdaScaleSummary | None:
     """The AdaScale of `runs` (those that logged tau and made updates), or None."""
-    logged = [run for run in runs if run.last("adascale_tau") is not None and run.steps]
+    logged, mean_gains = [], []
+    for run in runs:
+        tau = run.last("adascale_tau")
+        if tau is not None and run.steps:
+            logged.append(run)
+            mean_gains.append(tau / run.steps)
     if not logged:
         return None
 
@@ -148,7 +153,7 @@ def adascale_summary(runs: list[RunRecord]) -> AdaScaleSummary | None:
         return float(np.mean(list(values)))
 
     return AdaScaleSummary(
-        mean_gain=mean(run.last("adascale_tau") / run.steps for run in logged),
+        mean_gain=mean(mean_gains),
         last_gain=mean(run.last("adascale_gain") for run in logged),
         sigma_sq=mean(run.last("adascale_sigma_sq") for run in logged),
         mu_sq=mean(run.last("adascale_mu_sq") for run in logged),
@@ -192,6 +197,7 @@ class GroupRow:
         return (
             difference is not None
             and difference.ci_low is not None
+            and difference.ci_high is not None
             and difference.ci_low <= 0 <= difference.ci_high
             and abs(difference.difference) <= CLOSE_ENOUGH
         )

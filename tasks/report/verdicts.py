@@ -44,11 +44,11 @@ def _noise_advice(row: GroupRow, baseline: GroupRow, rows: list[GroupRow]) -> st
     """The noise scale's note on `row`, and the budget it advises: equal epochs when the same
     progress needs at most EPOCHS_TOLERANCE times the epochs, else equal updates (or equal
     progress tau), with the sweep's evidence."""
-    config = row.config
-    note = noise_scale_note(config.global_batch, row.noise_scale, config.reference_batch)
-    if note is None:
+    config, noise_scale = row.config, row.noise_scale
+    note = noise_scale_note(config.global_batch, noise_scale, config.reference_batch)
+    if note is None or noise_scale is None:
         return None
-    if epochs_needed(row.noise_scale, config.reference_batch, config.global_batch) <= (
+    if epochs_needed(noise_scale, config.reference_batch, config.global_batch) <= (
         EPOCHS_TOLERANCE
     ):
         return f"{note}: equal epochs suffice"
@@ -112,10 +112,14 @@ def _equal_updates(config: TrainConfig, baseline: TrainConfig) -> bool:
 
 
 def _prefix_with_remedy(text: str, row: GroupRow, rows: list[GroupRow]) -> str:
-    closed = [other for other in _same_devices(row, rows) if other.closes_gap]
+    closed = [  # (row, its difference from 1 tower)
+        (other, other.difference.difference)
+        for other in _same_devices(row, rows)
+        if other.closes_gap and other.difference is not None
+    ]
     if not closed:
         return text
-    best = min(closed, key=lambda other: abs(other.difference.difference))
+    best, _ = min(closed, key=lambda pair: abs(pair[1]))
     return f"`{best.group}` closed the gap ({measured(best)}); {text}"
 
 
@@ -251,12 +255,13 @@ def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> s
         return "no 1-tower baseline to compare with"
     difference = row.difference
     points = 100 * difference.difference
-    if difference.p_value is None:
+    low, high = difference.ci_low, difference.ci_high
+    if difference.p_value is None or low is None or high is None:
         return f"{points:+.1f} pp from one seed per side: add seeds to tell it from noise"
     if difference.p_value >= 0.05:
         return (
             f"no significant difference ({points:+.1f} pp, 95% CI "
-            f"[{100 * difference.ci_low:+.1f}, {100 * difference.ci_high:+.1f}], "
+            f"[{100 * low:+.1f}, {100 * high:+.1f}], "
             f"p={difference.p_value:.2f})"
         )
     if points > 0:

@@ -106,8 +106,8 @@ def end_with_launcher() -> None:
 def _cause_first(codes: list[int | None]) -> list[int]:
     """The workers that failed, one killed by a signal first: it caused the others' collective
     errors (seen together, the order of their exits says nothing)."""
-    ended = [index for index, code in enumerate(codes) if code]
-    return sorted(ended, key=lambda index: codes[index] > 0)
+    ended = {index: code for index, code in enumerate(codes) if code}
+    return sorted(ended, key=lambda index: ended[index] > 0)
 
 
 def _stop_chief_first(processes: list[subprocess.Popen]) -> None:
