@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from towerbench.config.model_ref import absolute_model, parse_model
+from towerbench.config.optimizers import DECOUPLED_WEIGHT_DECAY
 from towerbench.config.params import (
     Params,
     ReportConfig,
@@ -151,15 +152,18 @@ def _refuse_weight_decay_of_a_user_model(
     params: Params, params_path: Path | None, given: set[Key]
 ) -> None:
     """`train.weight_decay` set (not by a preset) beside a user's model: that model's weight
-    decay is its own regularizers', so the setting would be silently ignored."""
+    decay is its own regularizers', so the setting would be silently ignored (unless the
+    optimizer decays the weights itself: adamw, lamb, lars)."""
     user_model = params.train.model
     if "weight_decay" not in params.train.model_fields_set or parse_model(user_model).builtin:
+        return
+    if params.train.optimizer in DECOUPLED_WEIGHT_DECAY:
         return
     where = "--weight-decay" if WEIGHT_DECAY in given else f"{params_path}: train.weight_decay"
     raise TowerbenchError(
         f"{where}: applies to the built-in networks only, not to {user_model}: your model's "
         "weight decay is its layers' kernel_regularizer, reported as the loss table's "
-        "weight-decay term"
+        "weight-decay term (with adamw, lamb or lars, weight_decay is the optimizer's own)"
     )
 
 

@@ -4,17 +4,17 @@ run (the speed benchmarks are `towerbench bench`, in speed/ and overhead/)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from prefect import flow
 
 from towerbench.config.load import load
+from towerbench.core.outcome import SweepResult
 from towerbench.flows.pipeline import run_pipeline
 from towerbench.tasks.user_errors_log import one_line_user_errors
 
 
 @flow(name="nightly")
-def nightly(params_file: str = "params.yaml") -> dict[str, Any]:
+def nightly(params_file: str = "params.yaml") -> SweepResult:
     """The pipeline with the nightly's fixed sweep; its report compares with the previous
     finished nightly sweep in the same experiment (same configurations, data version shown).
 

@@ -17,6 +17,7 @@ from towerbench.config.run_form import (
 )
 from towerbench.config.sections import TrainConfig, dataset_name, one_value
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.outcome import SweepResult
 from towerbench.flows.sweep import FlowKind, sweep_params
 from towerbench.tasks.data.dvc_stages import check_dvc_project
 from towerbench.tasks.data.fetch import fetch_task
@@ -40,7 +41,7 @@ def check_trains_on_fetched_data(params: Params) -> None:
 
 def run_pipeline(
     params: Params, project_dir: Path, kind: FlowKind, fresh: bool = False
-) -> dict[str, Any]:
+) -> SweepResult:
     """Bring the data up to date through DVC in the project `project_dir` (the folder of the
     params file), then sweep with its hash as the data version."""
     check_trains_on_fetched_data(params)
@@ -63,7 +64,7 @@ def pipeline(
     advanced: dict[str, Any] | None = None,
     params_file: str = "params.yaml",
     fresh: bool = False,
-) -> dict[str, Any]:
+) -> SweepResult:
     """Fetch and preprocess the dataset (DVC), train every configuration, write the report.
 
     Args:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 from towerbench.config.model_ref import BUILTIN_MODELS
 from towerbench.core.errors import TowerbenchError
@@ -35,6 +36,96 @@ USER_INPUT_SHAPE = (32, 32, 3)  # a user's network unless another shape is given
 # (bfloat16 keeps 8 bits of mantissa). Measured on the tutorial network (2 towers, batch 64):
 # 1.2e-6, 3.2e-3 and 5.9e-2; the tolerances leave a factor of about 3 (float32: 10).
 TOLERANCE: dict[str, float] = {"float32": 1e-5, "mixed_float16": 1e-2, "mixed_bfloat16": 2e-1}
+Way = tuple[list[np.ndarray], list[np.ndarray]]  # (data gradients, weights after one step)
+
+
+class VariableDifference(BaseModel):
+    """One variable: the largest absolute and the relative difference of its gradient, then of
+    its weights after one step."""
+
+    model_config = ConfigDict(frozen=True)
+
+    variable: str
+    grad_max_abs_diff: float
+    grad_rel_diff: float
+    weight_max_abs_diff: float
+    weight_rel_diff: float
+
+
+class Comparison(BaseModel):
+    """One way against another (`a_vs_b`: a's difference from b)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    # The largest over all variables: of the gradients, then of the weights after one step.
+    max_abs_diff: float
+    max_rel_diff: float
+    weights_max_abs_diff: float
+    weights_max_rel_diff: float
+    per_variable: list[VariableDifference]
+
+
+class SumVsMean(BaseModel):
+    """The summed tower gradients against k x the averaged ones."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ratio: float  # of their norms
+    expected_ratio: int  # k
+    max_abs_diff_from_k_times_mean: float
+    max_rel_diff_from_k_times_mean: float
+
+
+class GradcheckResult(BaseModel):
+    """The ways' differences on one batch, with the verdict and what explains it: what
+    `towerbench gradcheck` prints, and (`to_json`) its `--json` and MLflow's gradcheck.json."""
+
+    model_config = ConfigDict(frozen=True)
+
+    # What was compared: the network, the towers and batch, the devices, the one SGD step.
+    model: str
+    towers: int
+    global_batch: int
+    device_kind: str
+    devices: list[str]
+    learning_rate: float
+    weight_decay: float
+    # What in the network makes towers differ: BatchNorm, and the dropout layers switched off.
+    batchnorm: bool
+    dropout_disabled: list[str]
+    # The precision, and the relative difference its rounding explains.
+    precision: Precision
+    tolerance: float
+    # Each way against another.
+    mean_vs_single: Comparison
+    sum_vs_mean: SumVsMean
+    mirrored_vs_single: Comparison
+    mirrored_vs_mean: Comparison
+    ghost_vs_mean: Comparison
+    # In a cluster only: the workers, and their towers against one device.
+    workers: int | None = None
+    workers_vs_single: Comparison | None = None
+
+    @property
+    def passed(self) -> bool:
+        """Towers, MirroredStrategy (and workers) agree with one device, or with ghost BatchNorm
+        on a BatchNorm network, within the tolerance."""
+        reference = self.ghost_vs_mean if self.batchnorm else self.mean_vs_single
+        compared = [reference, self.mirrored_vs_mean]
+        if self.workers_vs_single is not None and not self.batchnorm:
+            compared.append(self.workers_vs_single)
+        return all(item.max_rel_diff <= self.tolerance for item in compared)
+
+    @property
+    def explanation(self) -> str:
+        """What the differences say about averaging towers, in sentences."""
+        return _explanation(self)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document: every field (the workers' only in a cluster), then `passed` and
+        `explanation`."""
+        document = self.model_dump(mode="json", exclude_none=True)
+        return document | {"passed": self.passed, "explanation": self.explanation}
 
 
 @dataclass(frozen=True)
@@ -87,49 +178,49 @@ def _decay_loss(network, weight_decay: float):
     return tf.add_n(terms) if terms else tf.constant(0.0)
 
 
-def _difference(a: list[np.ndarray], b: list[np.ndarray], names: list[str]) -> dict[str, Any]:
-    per_variable = []
-    for name, left, right in zip(names, a, b, strict=True):
+def _differences(a: list[np.ndarray], b: list[np.ndarray]) -> list[tuple[float, float]]:
+    """Per variable: the largest absolute difference of a from b, and that over b's largest
+    absolute value (||a - b||_inf / ||b||_inf)."""
+    differences = []
+    for left, right in zip(a, b, strict=True):
         absolute = float(np.max(np.abs(left - right)))
         scale = float(np.max(np.abs(right)))
-        per_variable.append(
-            {
-                "variable": name,
-                "max_abs_diff": absolute,
-                "rel_diff": absolute / scale if scale else absolute,
-            }
-        )
-    return {
-        "max_abs_diff": max(item["max_abs_diff"] for item in per_variable),
-        "max_rel_diff": max(item["rel_diff"] for item in per_variable),
-        "per_variable": per_variable,
-    }
+        differences.append((absolute, absolute / scale if scale else absolute))
+    return differences
 
 
-def _comparison(grads, weights, reference_grads, reference_weights, names) -> dict[str, Any]:
-    gradient = _difference(grads, reference_grads, names)
-    after_step = _difference(weights, reference_weights, names)
-    return {
-        "max_abs_diff": gradient["max_abs_diff"],
-        "max_rel_diff": gradient["max_rel_diff"],
-        "weights_max_abs_diff": after_step["max_abs_diff"],
-        "weights_max_rel_diff": after_step["max_rel_diff"],
-        "per_variable": [
-            {
-                "variable": g["variable"],
-                "grad_max_abs_diff": g["max_abs_diff"],
-                "grad_rel_diff": g["rel_diff"],
-                "weight_max_abs_diff": w["max_abs_diff"],
-                "weight_rel_diff": w["rel_diff"],
-            }
-            for g, w in zip(gradient["per_variable"], after_step["per_variable"], strict=True)
+def _largest(differences: list[tuple[float, float]]) -> tuple[float, float]:
+    """The largest absolute and the largest relative difference over all variables."""
+    return max(item[0] for item in differences), max(item[1] for item in differences)
+
+
+def _comparison(way: Way, reference: Way, names: list[str]) -> Comparison:
+    """`way`'s differences from `reference`, of the gradients and of the weights after one step."""
+    gradient = _differences(way[0], reference[0])
+    after_step = _differences(way[1], reference[1])
+    max_abs_diff, max_rel_diff = _largest(gradient)
+    weights_max_abs_diff, weights_max_rel_diff = _largest(after_step)
+    return Comparison(
+        max_abs_diff=max_abs_diff,
+        max_rel_diff=max_rel_diff,
+        weights_max_abs_diff=weights_max_abs_diff,
+        weights_max_rel_diff=weights_max_rel_diff,
+        per_variable=[
+            VariableDifference(
+                variable=name,
+                grad_max_abs_diff=g[0],
+                grad_rel_diff=g[1],
+                weight_max_abs_diff=w[0],
+                weight_rel_diff=w[1],
+            )
+            for name, g, w in zip(names, gradient, after_step, strict=True)
         ],
-    }
+    )
 
 
 def _tower_run(
     problem: _Problem, devices: TowerDevices, aggregation: str, cluster: Cluster | None = None
-):
+) -> Way:
     """(data gradients, weights after one step) of the tower trainer (of every worker's, whose
     problem holds its slice of the batch, in a cluster)."""
     import keras
@@ -155,7 +246,7 @@ def _tower_run(
     return gradients, [v.numpy() for v in network.model.trainable_variables]
 
 
-def _ghost_run(problem: _Problem, device: str, towers: int):
+def _ghost_run(problem: _Problem, device: str, towers: int) -> Way:
     """One device, one tape, the global batch's mean loss, with "ghost" BatchNorm: the network
     runs once per shard of B/k examples, so BatchNorm normalises each shard by its own
     statistics, as towers do (Hoffer et al. 2017). No per-tower gradients are averaged here."""
@@ -182,7 +273,7 @@ def _ghost_run(problem: _Problem, device: str, towers: int):
     return gradients, [v.numpy() for v in variables]
 
 
-def _mirrored_run(problem: _Problem, devices: TowerDevices):
+def _mirrored_run(problem: _Problem, devices: TowerDevices) -> Way:
     """The same with MirroredStrategy: per-replica loss = sum / global batch, gradients summed."""
     import keras
     import tensorflow as tf
@@ -234,14 +325,14 @@ def _mirrored_run(problem: _Problem, devices: TowerDevices):
     return gradients, [np.asarray(v.numpy()) for v in variables]
 
 
-def _cause(towers: int, result: dict[str, Any]) -> str:
+def _cause(result: GradcheckResult) -> str:
     """What the measured differences say the towers-vs-one-device difference comes from."""
-    tolerance, precision = result["tolerance"], result["precision"]
-    single = result["mean_vs_single"]["max_rel_diff"]
-    ghost = result["ghost_vs_mean"]["max_rel_diff"]
+    tolerance, precision = result.tolerance, result.precision
+    single = result.mean_vs_single.max_rel_diff
+    ghost = result.ghost_vs_mean.max_rel_diff
     ghost_text = (
         f", towers vs one device with per-shard ('ghost') BatchNorm {ghost:.2e}"
-        if result["batchnorm"]
+        if result.batchnorm
         else ""
     )
     measured = (
@@ -254,66 +345,130 @@ def _cause(towers: int, result: dict[str, Any]) -> str:
             "tower summing its own examples before the partial sums are added, a different order "
             "of additions than one device's."
         )
-    if result["batchnorm"] and ghost <= tolerance:
-        shard = result["global_batch"] // towers
+    if result.batchnorm and ghost <= tolerance:
+        shard = result.global_batch // result.towers
         return (
             f"{measured} Only the ghost comparison is at rounding level, so the difference from "
             "one device is BatchNorm, not averaging: each BatchNorm normalises a tower's "
             f"examples with that tower's own statistics (mean and variance of {shard} examples, "
-            f"not {result['global_batch']}), a different function from BatchNorm over the whole "
+            f"not {result.global_batch}), a different function from BatchNorm over the whole "
             "batch, as MirroredStrategy's replicas compute it too."
         )
     return (
         f"{measured} That is above the tolerance, and not explained by rounding"
-        + (" nor by per-tower BatchNorm" if result["batchnorm"] else "")
+        + (" nor by per-tower BatchNorm" if result.batchnorm else "")
         + "; the per-variable table shows where it is."
     )
 
 
-def _explanation(towers: int, result: dict[str, Any]) -> str:
+def _explanation(result: GradcheckResult) -> str:
+    towers = result.towers
     lines = [
         f"Averaging {towers} tower gradients computes the gradient of the global batch's mean "
         "loss: the same mathematics as one device on the whole batch, for a network without "
         "BatchNorm.",
-        _cause(towers, result),
+        _cause(result),
         f"Summing instead of averaging gives exactly {towers} x the averaged data-loss gradient "
-        f"(measured ratio {result['sum_vs_mean']['ratio']:.6f}); with SGD that is a {towers} x "
+        f"(measured ratio {result.sum_vs_mean.ratio:.6f}); with SGD that is a {towers} x "
         "larger learning rate.",
         "MirroredStrategy sums per-replica gradients; scaling each replica's loss by the global "
         "batch (tf.nn.compute_average_loss) makes that sum the mean, so it agrees with the "
-        f"towers to {result['mirrored_vs_mean']['max_rel_diff']:.2e} (with one device: "
-        f"{result['mirrored_vs_single']['max_rel_diff']:.2e}).",
+        f"towers to {result.mirrored_vs_mean.max_rel_diff:.2e} (with one device: "
+        f"{result.mirrored_vs_single.max_rel_diff:.2e}).",
     ]
-    if result["dropout_disabled"]:
+    if result.dropout_disabled:
         lines.append(
-            f"Dropout was switched off for the check ({', '.join(result['dropout_disabled'])}): "
+            f"Dropout was switched off for the check ({', '.join(result.dropout_disabled)}): "
             "in training each tower draws its own mask."
         )
-    if result["precision"] != "float32":
+    if result.precision != "float32":
         lines.append(
-            f"In {result['precision']} every layer rounds its activations to 16 bits, so the "
+            f"In {result.precision} every layer rounds its activations to 16 bits, so the "
             "order of additions matters more: the stated tolerance for this precision is "
-            f"{result['tolerance']:g} (float32: {TOLERANCE['float32']:g})."
+            f"{result.tolerance:g} (float32: {TOLERANCE['float32']:g})."
         )
-    if "workers_vs_single" in result:
-        workers = result["workers"]
+    if result.workers is not None and result.workers_vs_single is not None:
+        workers = result.workers
         lines.append(
             f"Across {workers} worker processes of {towers} towers each, every worker averages "
             "its towers' gradients of its slice of the batch and one all-reduce averages the "
             f"workers': {workers * towers} equal shards again, so it agrees with one device to "
-            f"{result['workers_vs_single']['max_rel_diff']:.2e}."
+            f"{result.workers_vs_single.max_rel_diff:.2e}."
         )
     return " ".join(lines)
 
 
-def _passed(result: dict[str, Any]) -> bool:
-    """Towers, MirroredStrategy (and workers) agree with one device, or with ghost BatchNorm on
-    a BatchNorm network, within the tolerance."""
-    reference = "ghost_vs_mean" if result["batchnorm"] else "mean_vs_single"
-    keys = [reference, "mirrored_vs_mean"]
-    if "workers_vs_single" in result and not result["batchnorm"]:
-        keys.append("workers_vs_single")
-    return all(result[key]["max_rel_diff"] <= result["tolerance"] for key in keys)
+def _tower_devices(towers: int, global_batch: int, cluster: Cluster) -> TowerDevices:
+    """This worker's tower devices, once the batch is known to split over every tower and the
+    cluster is joined."""
+    replicas = towers * cluster.workers
+    if global_batch < 1 or global_batch % replicas:
+        raise TowerbenchError(
+            f"--global-batch {global_batch} must be a positive multiple of the {replicas} towers"
+        )
+    split_tower_devices(towers)
+    join(cluster)
+    return configure_tower_devices(towers, workers=cluster.workers)
+
+
+def _problem(
+    model: str,
+    global_batch: int,
+    seed: int,
+    precision: Precision,
+    shape: tuple[int, ...],
+    num_classes: int,
+    devices: TowerDevices,
+) -> tuple[_Problem, Any]:
+    """The fixed batch and initial weights every way starts from, and the reference network
+    (keras.Model) they were taken from."""
+    import keras
+    import tensorflow as tf
+
+    from towerbench.config.sections import TrainConfig
+    from towerbench.model.networks import build_network
+
+    weight_decay = TrainConfig(model=model, dataset="gradcheck").weight_decay
+    images = tf.random.stateless_normal((global_batch, *shape), seed=[seed, 1])
+    labels = tf.random.stateless_uniform((global_batch,), [seed, 2], 0, num_classes, tf.int32)
+    keras.utils.set_random_seed(seed)
+    with tf.device(devices.parameter_device):
+        reference = build_network(model, shape, num_classes, seed).model
+    problem = _Problem(
+        model, num_classes, reference.get_weights(), weight_decay, seed, images, labels, precision
+    )
+    return problem, reference
+
+
+def _workers_run(problem: _Problem, devices: TowerDevices, cluster: Cluster) -> Way:
+    """Every worker's towers on its slice of the batch, averaged across the workers too."""
+    size = int(problem.images.shape[0]) // cluster.workers
+    part = slice(cluster.index * size, (cluster.index + 1) * size)
+    mine = replace(problem, images=problem.images[part], labels=problem.labels[part])
+    return _tower_run(mine, devices, "mean", cluster)
+
+
+def _sum_vs_mean(summed: Way, mean: Way, towers: int) -> SumVsMean:
+    """The summed towers' data gradients against k x the averaged towers'."""
+    largest_abs, largest_rel = _largest(_differences(summed[0], [towers * g for g in mean[0]]))
+    ratio = float(
+        np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in summed[0]))
+        / np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in mean[0]))
+    )
+    return SumVsMean(
+        ratio=ratio,
+        expected_ratio=towers,
+        max_abs_diff_from_k_times_mean=largest_abs,
+        max_rel_diff_from_k_times_mean=largest_rel,
+    )
+
+
+def _has_batchnorm(network) -> bool:
+    import keras
+
+    from towerbench.model.user_model import layers_of
+
+    return any(isinstance(layer, keras.layers.BatchNormalization) for layer in layers_of(network))
 
 
 def run_gradcheck(
@@ -325,87 +480,44 @@ def run_gradcheck(
     precision: Precision = "float32",
     input_shape: tuple[int, int, int] | None = None,
     num_classes: int = NUM_CLASSES,
-) -> dict[str, Any]:
+) -> GradcheckResult | None:
     """Compare one device, k towers (mean, sum) and MirroredStrategy on one fixed batch of
     `input_shape` images (default: the built-in network's, else USER_INPUT_SHAPE), and in a
-    cluster the workers' towers; workers other than the chief return {}."""
+    cluster the workers' towers; workers other than the chief return None."""
+    from towerbench.model.user_model import disable_dropout
+
     cluster = cluster or Cluster()
-    replicas = towers * cluster.workers
-    if global_batch < 1 or global_batch % replicas:
-        raise TowerbenchError(
-            f"--global-batch {global_batch} must be a positive multiple of the {replicas} towers"
-        )
-    split_tower_devices(towers)
-    join(cluster)
-    devices = configure_tower_devices(towers, workers=cluster.workers)
-    import keras
-    import tensorflow as tf
-
-    from towerbench.config.sections import TrainConfig
-    from towerbench.model.networks import build_network
-    from towerbench.model.user_model import disable_dropout, layers_of
-
-    weight_decay = TrainConfig(model=model, dataset="gradcheck").weight_decay
+    devices = _tower_devices(towers, global_batch, cluster)
     default_shape = INPUT_SHAPES[model] if model in BUILTIN_MODELS else USER_INPUT_SHAPE
     shape = tuple(input_shape or default_shape)
-    images = tf.random.stateless_normal((global_batch, *shape), seed=[seed, 1])
-    labels = tf.random.stateless_uniform((global_batch,), [seed, 2], 0, num_classes, tf.int32)
-    keras.utils.set_random_seed(seed)
-    with tf.device(devices.parameter_device):
-        reference = build_network(model, shape, num_classes, seed).model
-    names = [v.path for v in reference.trainable_variables]
-    problem = _Problem(
-        model, num_classes, reference.get_weights(), weight_decay, seed, images, labels, precision
-    )
-
-    if cluster.workers > 1:
-        size = global_batch // cluster.workers
-        part = slice(cluster.index * size, (cluster.index + 1) * size)
-        mine = replace(problem, images=images[part], labels=labels[part])
-        across = _tower_run(mine, devices, "mean", cluster)
-        if not cluster.is_chief:
-            return {}
+    problem, reference = _problem(model, global_batch, seed, precision, shape, num_classes, devices)
+    across = _workers_run(problem, devices, cluster) if cluster.workers > 1 else None
+    if not cluster.is_chief:
+        return None
     one_device = TowerDevices(devices.devices[:1], devices.parameter_device, devices.kind, 1)
     single = _tower_run(problem, one_device, "mean")
     mean = _tower_run(problem, devices, "mean")
     summed = _tower_run(problem, devices, "sum")
     mirrored = _mirrored_run(problem, devices)
     ghost = _ghost_run(problem, devices.devices[0], towers)
-
-    k_times_mean = [towers * g for g in mean[0]]
-    sum_diff = _difference(summed[0], k_times_mean, names)
-    ratio = float(
-        np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in summed[0]))
-        / np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in mean[0]))
+    names = [v.path for v in reference.trainable_variables]
+    return GradcheckResult(
+        model=model,
+        towers=towers,
+        global_batch=global_batch,
+        device_kind=devices.kind,
+        devices=list(devices.devices),
+        learning_rate=GRADCHECK_LR,
+        weight_decay=problem.weight_decay,
+        batchnorm=_has_batchnorm(reference),
+        dropout_disabled=disable_dropout(reference),
+        precision=precision,
+        tolerance=TOLERANCE[precision],
+        mean_vs_single=_comparison(mean, single, names),
+        sum_vs_mean=_sum_vs_mean(summed, mean, towers),
+        mirrored_vs_single=_comparison(mirrored, single, names),
+        mirrored_vs_mean=_comparison(mirrored, mean, names),
+        ghost_vs_mean=_comparison(mean, ghost, names),
+        workers=cluster.workers if across is not None else None,
+        workers_vs_single=None if across is None else _comparison(across, single, names),
     )
-    result: dict[str, Any] = {
-        "model": model,
-        "towers": towers,
-        "global_batch": global_batch,
-        "device_kind": devices.kind,
-        "devices": list(devices.devices),
-        "learning_rate": GRADCHECK_LR,
-        "weight_decay": weight_decay,
-        "batchnorm": any(
-            isinstance(layer, keras.layers.BatchNormalization) for layer in layers_of(reference)
-        ),
-        "dropout_disabled": disable_dropout(reference),
-        "precision": precision,
-        "tolerance": TOLERANCE[precision],
-        "mean_vs_single": _comparison(*mean, *single, names),
-        "sum_vs_mean": {
-            "ratio": ratio,
-            "expected_ratio": towers,
-            "max_abs_diff_from_k_times_mean": sum_diff["max_abs_diff"],
-            "max_rel_diff_from_k_times_mean": sum_diff["max_rel_diff"],
-        },
-        "mirrored_vs_single": _comparison(*mirrored, *single, names),
-        "mirrored_vs_mean": _comparison(*mirrored, *mean, names),
-        "ghost_vs_mean": _comparison(*mean, *ghost, names),
-    }
-    if cluster.workers > 1:
-        result["workers"] = cluster.workers
-        result["workers_vs_single"] = _comparison(*across, *single, names)
-    result["passed"] = _passed(result)
-    result["explanation"] = _explanation(towers, result)
-    return result

@@ -15,10 +15,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import keras
 import tensorflow as tf
 
+# The values of config.sections.TrainConfig.decay (tests/test_model_schedules.py checks they agree).
+Decay = Literal["constant", "staircase", "piecewise", "cosine", "linear"]
 # adascale: the peak stays base_lr; model.adascale multiplies each step's LR by its gain.
 SCALING_EXPONENTS = {"none": 0.0, "linear": 1.0, "sqrt": 0.5, "adascale": 0.0}
 
@@ -39,7 +42,7 @@ class EpochSchedule:
     base_lr: float
     peak_lr: float
     warmup_epochs: float
-    decay: str
+    decay: Decay
     total_epochs: float
     decay_epochs: float = 350.0
     decay_factor: float = 0.1

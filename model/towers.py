@@ -175,27 +175,14 @@ class TowerTrainer:
     def _gradients(self, images: tf.Tensor, labels: tf.Tensor) -> TowerGradients:
         """Every tower's gradient of its shard, combined on the parameter device (and over the
         workers, whose images and labels are each their slice of the global batch)."""
-        batch = int(images.shape[0])
-        sizes = shard_sizes(batch, self.towers)
-        normalizer = tf.constant(batch / self.towers, tf.float32)
         with tf.device(self.devices.parameter_device):
             # Read each variable once; every tower consumes the same tensor.
             weights = [tf.convert_to_tensor(v.value) for v in self.trainable]
             non_trainable = [tf.convert_to_tensor(v.value) for v in self.non_trainable]
             # float16 only: the other precisions read no scale on the hot path.
             scale = tf.convert_to_tensor(self.loss_scale.scale) if self.loss_scale.dynamic else None
-        image_shards = tf.split(images, sizes)
-        label_shards = tf.split(labels, sizes)
         first_replica = self.cluster.index * self.towers
-        results = []
-        for tower, (device, shard_images, shard_labels) in enumerate(
-            zip(self.devices.devices, image_shards, label_shards, strict=True)
-        ):
-            state = self._tower_state(non_trainable, first_replica + tower)
-            with tf.device(device):
-                results.append(
-                    self._tower(weights, state, shard_images, shard_labels, normalizer, scale)
-                )
+        results = self._every_tower(weights, non_trainable, images, labels, scale, first_replica)
         tower_gradients, tower_losses, tower_correct, tower_states, tower_model_losses = zip(
             *results, strict=True
         )
@@ -236,6 +223,23 @@ class TowerTrainer:
                 small_norm_sq=small,
                 big_norm_sq=big,
             )
+
+    def _every_tower(self, weights, non_trainable, images, labels, scale, first_replica: int):
+        """Each tower's pass (`_tower_pass`'s results) over its shard of the batch, on its own
+        device, from its own random state."""
+        batch = int(images.shape[0])
+        sizes = shard_sizes(batch, self.towers)
+        normalizer = tf.constant(batch / self.towers, tf.float32)
+        results = []
+        for tower, (device, shard_images, shard_labels) in enumerate(
+            zip(self.devices.devices, tf.split(images, sizes), tf.split(labels, sizes), strict=True)
+        ):
+            state = self._tower_state(non_trainable, first_replica + tower)
+            with tf.device(device):
+                results.append(
+                    self._tower(weights, state, shard_images, shard_labels, normalizer, scale)
+                )
+        return results
 
     def _new_state(self, states, state_sums: list[tf.Tensor], first_replica: int):
         """Each state variable's value after the step: the towers' mean of floating-point

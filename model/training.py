@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -37,14 +37,14 @@ from towerbench.model.records import EpochRecord, FinalMetrics, TrainResult, las
 from towerbench.model.stability import diverged, instability
 from towerbench.model.training_data import load_training_data, read_failure
 
-if TYPE_CHECKING:  # _set_up imports these: Keras and the graph builders load when training starts
+if TYPE_CHECKING:  # set-up imports these: Keras and the graph builders load when training starts
     from towerbench.core.tfrecord_format import Manifest
-    from towerbench.model.adascale import AdaScaleSchedule, ScaleInvariantBudget
+    from towerbench.model.adascale import AdaScale, AdaScaleSchedule, ScaleInvariantBudget
     from towerbench.model.checkpoints import Checkpoints
     from towerbench.model.evaluation import Evaluator
     from towerbench.model.input_pipeline import Distortions, EpochPlan
     from towerbench.model.networks import Network
-    from towerbench.model.schedules import EpochSchedule
+    from towerbench.model.schedules import EpochSchedule, StepSchedule
     from towerbench.model.towers import TowerTrainer
 
 ProgressCallback = Callable[[dict[str, float]], None]
@@ -132,48 +132,70 @@ def _set_up(
     devices = configure_tower_devices(
         config.towers, config.device_type, config.parameter_device, config.workers
     )
-    import keras
-    import tensorflow as tf
-
-    from towerbench.model.adascale import (
-        AdaScale,
-        AdaScaleSchedule,
-        ScaleInvariantBudget,
-        reference_schedule,
-        reference_steps_per_epoch,
-    )
-    from towerbench.model.checkpoints import Checkpoints, state_variables, training_state
     from towerbench.model.evaluation import Evaluator
-    from towerbench.model.input_pipeline import Distortions, EpochPlan, network_input_shape
-    from towerbench.model.networks import build_network
-    from towerbench.model.schedules import StepSchedule, schedule_from_config
-    from towerbench.model.towers import TowerTrainer
+    from towerbench.model.input_pipeline import Distortions, EpochPlan
 
     plan = EpochPlan(
         manifest.splits["train"].examples, config.global_batch, config.replicas, config.workers
     )
-    schedule = schedule_from_config(config)
+    network, trainer, rate = _tower_trainer(config, manifest, plan, devices, cluster)
+    evaluator = Evaluator(
+        network.model,
+        devices.devices[0],
+        test_files,
+        manifest.image_shape,
+        config.crop_size,
+        len(manifest.classes),
+    )
+    checkpoints, history, step = _restore(config, trainer, checkpoint_dir)
+    return _Run(
+        config=config,
+        manifest=manifest,
+        train_files=train_files,
+        cluster=cluster,
+        devices=devices,
+        plan=plan,
+        total_steps=_total_steps(config, plan, rate, step),
+        schedule=rate.schedule,
+        distortions=Distortions.from_config(config),
+        network=network,
+        trainer=trainer,
+        evaluator=evaluator,
+        checkpoints=checkpoints,
+        history=history,
+        step=step,
+        # A resumed run counts from its last record, evaluated or not.
+        last_eval_epoch=history[-1].epoch if history else 0.0,
+        adascale_schedule=rate.learning_rate if rate.adascale is not None else None,
+        budget=rate.budget,
+    )
+
+
+def _tower_trainer(
+    config: TrainConfig,
+    manifest: Manifest,
+    plan: EpochPlan,
+    devices: TowerDevices,
+    cluster: Cluster,
+) -> tuple[Network, TowerTrainer, _LearningRate]:
+    """The network at its seeded initial weights, its optimizer following the LR, and the
+    tower step that trains it."""
+    import keras
+    import tensorflow as tf
+
+    from towerbench.model.input_pipeline import network_input_shape
+    from towerbench.model.networks import build_network
+    from towerbench.model.towers import TowerTrainer
+
     keras.utils.set_random_seed(config.seed)
     input_shape = network_input_shape(manifest.image_shape, config.crop_size)
     with tf.device(devices.parameter_device):
         network = build_network(
             config.model, input_shape, len(manifest.classes), config.seed, config.precision
         )
-    learning_rate = StepSchedule(schedule, plan.steps)
-    adascale = budget = None
-    if config.lr_scaling == "adascale":
-        examples = manifest.splits["train"].examples
-        with tf.device(devices.parameter_device):
-            adascale = AdaScale(config.reference_batch, config.global_batch, config.replicas)
-        schedule = reference_schedule(config.base_lr, schedule)
-        learning_rate = AdaScaleSchedule(
-            schedule, reference_steps_per_epoch(examples, config.reference_batch), adascale
-        )
-        budget = ScaleInvariantBudget.of(
-            config.epochs, examples, config.reference_batch, config.global_batch
-        )
+    rate = _learning_rate(config, manifest, plan, devices)
     optimizer = keras.optimizers.SGD(
-        learning_rate=learning_rate,
+        learning_rate=rate.learning_rate,
         momentum=config.momentum if config.optimizer in ("momentum", "nesterov") else 0.0,
         nesterov=config.optimizer == "nesterov",
     )
@@ -187,54 +209,83 @@ def _set_up(
         config.xla,
         cluster,
         config.precision,
-        adascale,
+        rate.adascale,
     )
-    evaluator = Evaluator(
-        network.model,
-        devices.devices[0],
-        test_files,
-        manifest.image_shape,
-        config.crop_size,
-        len(manifest.classes),
+    return network, trainer, rate
+
+
+class _LearningRate(NamedTuple):
+    """The LR in epochs and as the optimizer follows it; under adascale the gain that scales
+    it and the budget of progress that ends the run."""
+
+    schedule: EpochSchedule  # under adascale: the reference batch's
+    learning_rate: StepSchedule | AdaScaleSchedule
+    adascale: AdaScale | None
+    budget: ScaleInvariantBudget | None
+
+
+def _learning_rate(
+    config: TrainConfig, manifest: Manifest, plan: EpochPlan, devices: TowerDevices
+) -> _LearningRate:
+    """The configured schedule, counted in the optimizer's steps; under adascale the
+    reference batch's schedule at the progress tau, times the gain."""
+    import tensorflow as tf
+
+    from towerbench.model.adascale import (
+        AdaScale,
+        AdaScaleSchedule,
+        ScaleInvariantBudget,
+        reference_schedule,
+        reference_steps_per_epoch,
     )
-    checkpoints, history = None, []
-    state = training_state(network.model, optimizer, trainer)
-    if checkpoint_dir is not None and cluster.is_chief:
+    from towerbench.model.schedules import StepSchedule, schedule_from_config
+
+    schedule = schedule_from_config(config)
+    if config.lr_scaling != "adascale":
+        return _LearningRate(schedule, StepSchedule(schedule, plan.steps), None, None)
+    examples = manifest.splits["train"].examples
+    with tf.device(devices.parameter_device):
+        adascale = AdaScale(config.reference_batch, config.global_batch, config.replicas)
+    schedule = reference_schedule(config.base_lr, schedule)
+    learning_rate = AdaScaleSchedule(
+        schedule, reference_steps_per_epoch(examples, config.reference_batch), adascale
+    )
+    budget = ScaleInvariantBudget.of(
+        config.epochs, examples, config.reference_batch, config.global_batch
+    )
+    return _LearningRate(schedule, learning_rate, adascale, budget)
+
+
+def _total_steps(config: TrainConfig, plan: EpochPlan, rate: _LearningRate, step: int) -> int:
+    """The configured epochs' steps; under adascale the fewest that could bring tau to its
+    budget from `step` (see `_at_end`)."""
+    if rate.budget is None or rate.adascale is None:
+        return max(round(config.epochs * plan.steps), 1)
+    return step + rate.budget.steps_left(rate.adascale.read().tau)
+
+
+def _restore(
+    config: TrainConfig, trainer: TowerTrainer, checkpoint_dir: Path | None
+) -> tuple[Checkpoints | None, list[EpochRecord], int]:
+    """The chief's checkpoints of this run, the history they hold and the step training goes
+    on from (0 unless resumed); every worker starts from the chief's state."""
+    from towerbench.model.checkpoints import Checkpoints, state_variables, training_state
+
+    checkpoints: Checkpoints | None = None
+    history: list[EpochRecord] = []
+    state = training_state(trainer.model, trainer.optimizer, trainer)
+    if checkpoint_dir is not None and trainer.cluster.is_chief:
         checkpoints, history = Checkpoints.open(Path(checkpoint_dir), config, state)
     # Seeds agree on every worker; this also hands a resumed chief's state to the others.
-    broadcast_from_chief(state_variables(state), cluster, devices.parameter_device)
-    step = int(optimizer.iterations.numpy())
+    broadcast_from_chief(state_variables(state), trainer.cluster, trainer.devices.parameter_device)
+    step = int(trainer.optimizer.iterations.numpy())
     if history:
         print(
             f"resuming from step {step} (epoch {history[-1].epoch:g}) of {checkpoint_dir}",
             file=sys.stderr,
             flush=True,
         )
-    return _Run(
-        config=config,
-        manifest=manifest,
-        train_files=train_files,
-        cluster=cluster,
-        devices=devices,
-        plan=plan,
-        total_steps=(
-            max(round(config.epochs * plan.steps), 1)
-            if budget is None
-            else step + budget.steps_left(adascale.read().tau)
-        ),
-        schedule=schedule,
-        distortions=Distortions.from_config(config),
-        network=network,
-        trainer=trainer,
-        evaluator=evaluator,
-        checkpoints=checkpoints,
-        history=history,
-        step=step,
-        # A resumed run counts from its last record, evaluated or not.
-        last_eval_epoch=history[-1].epoch if history else 0.0,
-        adascale_schedule=learning_rate if adascale is not None else None,
-        budget=budget,
-    )
+    return checkpoints, history, step
 
 
 def _at_end(run: _Run) -> bool:

@@ -29,6 +29,7 @@ from towerbench.config.params import ReportConfig, SweepGrid, TrackingConfig
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Status
+from towerbench.speed.results import FlowBreakdown, OrchestrationTiming
 from towerbench.speed.settings import BenchSettings
 from towerbench.speed.suite import write_synthetic_cifar
 from towerbench.speed.timing import interleaved, time_once
@@ -80,7 +81,7 @@ def _start_training_process() -> None:
     )
 
 
-def flow_breakdown(tracking: TrackingConfig, flow: dict[str, Any]) -> dict[str, float]:
+def flow_breakdown(tracking: TrackingConfig, flow: dict[str, Any]) -> FlowBreakdown:
     """Where a flow's seconds went, from its MLflow runs' start and end times: before the first
     configuration's run starts (flow and parent run set-up), inside the configurations' runs
     (training, live logging, evaluation artifacts), between them (a run ends, the next is opened)
@@ -95,35 +96,46 @@ def flow_breakdown(tracking: TrackingConfig, flow: dict[str, Any]) -> dict[str, 
         order_by=["attributes.start_time ASC"],
     )
     spans = [(run.info.start_time / 1e3, run.info.end_time / 1e3) for run in children]
-    return {
-        "before_first_run": spans[0][0] - flow["started"],
-        "in_runs": sum(end - start for start, end in spans),
-        "between_runs": sum(later[0] - earlier[1] for earlier, later in itertools.pairwise(spans)),
-        "after_last_run": flow["ended"] - spans[-1][1],
-    }
+    return FlowBreakdown(
+        before_first_run=spans[0][0] - flow["started"],
+        in_runs=sum(end - start for start, end in spans),
+        between_runs=sum(later[0] - earlier[1] for earlier, later in itertools.pairwise(spans)),
+        after_last_run=flow["ended"] - spans[-1][1],
+    )
 
 
-def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> dict[str, Any]:
-    """Median seconds of the direct calls and of the flow, and the overhead per configuration."""
-    from towerbench.flows.sweep import sweep
-    from towerbench.model.training import train
-
+def _training_data(work_dir: Path, settings: BenchSettings) -> DataConfig:
+    """Random CIFAR-shaped TFRecords for both sides to train on."""
     data = DataConfig(data_dir=work_dir / "data")
     write_synthetic_cifar(
         data.data_dir, DATASET, settings.orchestration_train_examples, TEST_EXAMPLES
     )
-    config = TrainConfig(
-        dataset=DATASET, towers=1, global_batch=128, epochs=settings.orchestration_epochs
-    )
-    seeds = list(range(settings.orchestration_configurations))
-    configs = [config.model_copy(update={"seed": seed}) for seed in seeds]
-    grid = SweepGrid(
+    return data
+
+
+def _one_config_per_seed(config: TrainConfig, seeds: list[int]) -> SweepGrid:
+    """The sweep of `config` at each seed, and nothing else varied."""
+    return SweepGrid(
         towers=[1],
         seeds=seeds,
         aggregation=[config.aggregation],
         lr_scaling=[config.lr_scaling],
         warmup_epochs=[config.warmup_epochs],
     )
+
+
+def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> OrchestrationTiming:
+    """Median seconds of the direct calls and of the flow, and the overhead per configuration."""
+    from towerbench.flows.sweep import sweep
+    from towerbench.model.training import train
+
+    data = _training_data(work_dir, settings)
+    config = TrainConfig(
+        dataset=DATASET, towers=1, global_batch=128, epochs=settings.orchestration_epochs
+    )
+    seeds = list(range(settings.orchestration_configurations))
+    configs = [config.model_copy(update={"seed": seed}) for seed in seeds]
+    grid = _one_config_per_seed(config, seeds)
     tracking = TrackingConfig(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
     report = ReportConfig(report_dir=work_dir / "reports")
 
@@ -156,15 +168,15 @@ def measure_orchestration_overhead(work_dir: Path, settings: BenchSettings) -> d
         settings.orchestration_warmup,
     )
     direct, flow_seconds = timings["direct"].median, timings["flow"].median
-    return {
-        "breakdown": flow_breakdown(tracking, last_flow),
-        "process_start_seconds": timings["process_start"].median,
-        "train_examples": settings.orchestration_train_examples,
-        "epochs": settings.orchestration_epochs,
-        "configurations": len(configs),
-        "direct_seconds": direct,
-        "flow_seconds": flow_seconds,
-        "overhead_seconds": (flow_seconds - direct) / len(configs),
-        "direct_repeats": list(timings["direct"].seconds),
-        "flow_repeats": list(timings["flow"].seconds),
-    }
+    return OrchestrationTiming(
+        breakdown=flow_breakdown(tracking, last_flow),
+        process_start_seconds=timings["process_start"].median,
+        train_examples=settings.orchestration_train_examples,
+        epochs=settings.orchestration_epochs,
+        configurations=len(configs),
+        direct_seconds=direct,
+        flow_seconds=flow_seconds,
+        overhead_seconds=(flow_seconds - direct) / len(configs),
+        direct_repeats=list(timings["direct"].seconds),
+        flow_repeats=list(timings["flow"].seconds),
+    )

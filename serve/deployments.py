@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from towerbench.config.params import Params
+from towerbench.config.params import Params, TrackingConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.processes import stop_tree
 from towerbench.core.reaper import Reaper
@@ -149,6 +149,73 @@ def _deployments_served(api_url: str) -> bool:
     return response.status_code == 200
 
 
+class _Children:
+    """The servers ui starts: each watched by the reaper (ended within seconds if we are killed,
+    SIGKILL included) and its output relayed; stopped in reverse order."""
+
+    def __init__(self, relay: OutputRelay, reaper: Reaper):
+        self.relay = relay
+        self.reaper = reaper
+        self.processes: list[subprocess.Popen] = []
+
+    def start(
+        self, name: str, command: list[str], environment: dict[str, str], everything: bool = False
+    ) -> subprocess.Popen:
+        """`command` started, its output relayed under `name` (`everything`: all its stderr)."""
+        process = _start(command, environment)
+        self.processes.append(process)
+        self.reaper.watch(process)
+        self.relay.follow(name, process.stdout)
+        self.relay.follow(name, process.stderr, everything=everything)
+        return process
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):  # serve first, while its server still answers
+            stop_tree(process, SERVER_STOP_GRACE_SECONDS)
+
+
+def _exit_through_finally_on_signals() -> None:
+    """Ctrl-C (even if the shell started us with SIGINT ignored), `kill` and a closed terminal
+    all end in `finally`."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    signal.signal(signal.SIGHUP, lambda *_: sys.exit(128 + signal.SIGHUP))
+
+
+def _mlflow_ui_command(tracking: TrackingConfig) -> list[str]:
+    command = [tool("mlflow"), "ui", "--host", HOST, "--port", str(MLFLOW_PORT)]
+    command += ["--workers", "1"]  # one user: spare the cores for training
+    command += ["--uvicorn-opts", "--no-access-log --log-level warning"]
+    command += ["--backend-store-uri", tracking.tracking_uri or ""]
+    if tracking.artifact_root:
+        command += ["--default-artifact-root", tracking.artifact_root]
+    return command
+
+
+def _serve_until_it_exits(
+    children: _Children, params: Params, params_path: Path, prefect_url: str
+) -> int:
+    """`towerbench serve` against the Prefect server; says when its deployments are up, and
+    returns its exit code."""
+    environment = dict(os.environ, PREFECT_API_URL=f"{prefect_url}/api")
+    command = [tool("towerbench"), "serve", "--params", str(params_path)]
+    command += ["--tracking-uri", params.tracking.tracking_uri or ""]
+    # Its stdout is Prefect's banner; the runs log to stderr.
+    served = children.start("serve", command, environment, everything=True)
+    children.relay.say(
+        f"Logs         {children.relay.log_dir}  (Ctrl-C stops everything and removes them)"
+    )
+    while served.poll() is None and not _deployments_served(f"{prefect_url}/api"):
+        time.sleep(2)
+    if served.poll() is None:
+        schedule = f"{params.nightly.cron} {params.nightly.timezone}"
+        children.relay.say(
+            f"Deployments  {PIPELINE_DEPLOYMENT} (Run in the Prefect UI), "
+            f"{NIGHTLY_DEPLOYMENT} ({schedule})"
+        )
+    return served.wait()
+
+
 def run_ui(params: Params, params_path: Path) -> None:
     """Prefect server + MLflow UI + `towerbench serve`, all on 127.0.0.1, until Ctrl-C.
 
@@ -160,10 +227,7 @@ def run_ui(params: Params, params_path: Path) -> None:
     for port in (PREFECT_PORT, MLFLOW_PORT):
         if not _port_free(port):
             raise TowerbenchError(f"{HOST}:{port} is already in use; stop what runs there first")
-    # Ctrl-C (even if the shell started us with SIGINT ignored) and `kill` both end in `finally`.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    signal.signal(signal.SIGHUP, lambda *_: sys.exit(128 + signal.SIGHUP))  # terminal closed
+    _exit_through_finally_on_signals()
     telemetry_off_unless_opted_in()
     tracking = params.tracking
     # The servers' logs and temporary files, removed when ui ends (kept when it fails).
@@ -172,59 +236,28 @@ def run_ui(params: Params, params_path: Path) -> None:
     relay.log_dir.mkdir()
     os.environ["TMPDIR"] = str(scratch)  # the children's temporary files go there too
     prefect_url = f"http://{HOST}:{PREFECT_PORT}"
-    processes: list[subprocess.Popen] = []
-    reaper = Reaper()  # ends the servers within seconds if we are killed (SIGKILL included)
-    reaper.remove(str(scratch))
+    children = _Children(relay, Reaper())
+    children.reaper.remove(str(scratch))
     try:
-        prefect_server = _start(
+        prefect_server = children.start(
+            "prefect-server",
             [tool("prefect"), "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)],
             server_environment(),
         )
-        processes.append(prefect_server)
-        reaper.watch(prefect_server)
-        relay.follow("prefect-server", prefect_server.stdout)
-        relay.follow("prefect-server", prefect_server.stderr)
         # Before the MLflow server opens the store: the link below goes straight to its runs.
         experiment_id = ensure_experiment(tracking, experiment_name(tracking, params.train))
-        mlflow_command = [tool("mlflow"), "ui", "--host", HOST, "--port", str(MLFLOW_PORT)]
-        mlflow_command += ["--workers", "1"]  # one user: spare the cores for training
-        mlflow_command += ["--uvicorn-opts", "--no-access-log --log-level warning"]
-        mlflow_command += ["--backend-store-uri", tracking.tracking_uri or ""]
-        if tracking.artifact_root:
-            mlflow_command += ["--default-artifact-root", tracking.artifact_root]
-        mlflow_server = _start(mlflow_command, server_environment())
-        processes.append(mlflow_server)
-        reaper.watch(mlflow_server)
-        relay.follow("mlflow-ui", mlflow_server.stdout)
-        relay.follow("mlflow-ui", mlflow_server.stderr)
+        mlflow_server = children.start(
+            "mlflow-ui", _mlflow_ui_command(tracking), server_environment()
+        )
         _wait_for(f"{prefect_url}/api/health", prefect_server)
         relay.say(f"Prefect UI   {prefect_url}")
         _wait_for(f"http://{HOST}:{MLFLOW_PORT}/health", mlflow_server)
         ui = tracking.model_copy(update={"ui_url": f"http://{HOST}:{MLFLOW_PORT}"})
         relay.say(f"MLflow UI    {runs_url(ui, experiment_id)}")
-        environment = dict(os.environ, PREFECT_API_URL=f"{prefect_url}/api")
-        command = [tool("towerbench"), "serve", "--params", str(params_path)]
-        served = _start(command + ["--tracking-uri", tracking.tracking_uri or ""], environment)
-        processes.append(served)
-        reaper.watch(served)
-        relay.follow("serve", served.stdout)  # Prefect's banner; the runs log to stderr
-        relay.follow("serve", served.stderr, everything=True)
-        relay.say(f"Logs         {relay.log_dir}  (Ctrl-C stops everything and removes them)")
-        while served.poll() is None and not _deployments_served(f"{prefect_url}/api"):
-            time.sleep(2)
-        if served.poll() is None:
-            schedule = f"{params.nightly.cron} {params.nightly.timezone}"
-            relay.say(
-                f"Deployments  {PIPELINE_DEPLOYMENT} (Run in the Prefect UI), "
-                f"{NIGHTLY_DEPLOYMENT} ({schedule})"
-            )
-        served.wait()
-        reaper.keep(str(scratch))  # the error names its logs
-        raise TowerbenchError(
-            f"`towerbench serve` exited with code {served.returncode}; see {relay.log_dir}"
-        )
+        code = _serve_until_it_exits(children, params, params_path, prefect_url)
+        children.reaper.keep(str(scratch))  # the error names its logs
+        raise TowerbenchError(f"`towerbench serve` exited with code {code}; see {relay.log_dir}")
     finally:
-        for process in reversed(processes):  # serve first, while its server still answers
-            stop_tree(process, SERVER_STOP_GRACE_SECONDS)
+        children.stop()
         relay.finish()
-        reaper.close()
+        children.reaper.close()

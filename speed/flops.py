@@ -16,22 +16,15 @@ achieved rate.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
+from towerbench.speed.results import StepFlops
+
 # Op types whose cost is multiply-adds over their operands (what a matmul roofline bounds).
 _CONVOLUTIONS = {"Conv2D", "DepthwiseConv2dNative"}
 _MATRIX_PRODUCTS = {"MatMul", "BatchMatMulV2"}
-
-
-@dataclass(frozen=True)
-class StepFlops:
-    """FLOPs per example of one forward pass and of one training step (forward + backward)."""
-
-    forward: int
-    training: int
 
 
 def _op_flops(op: tf.Operation) -> int:

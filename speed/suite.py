@@ -8,7 +8,6 @@ rounds go on until every judged ratio's 95% interval is within ±`precision` (or
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -21,6 +20,14 @@ from towerbench.speed.input_rate import pipeline_runner
 from towerbench.speed.keras_peer import keras_mirrored_runner
 from towerbench.speed.layers import layer_runners
 from towerbench.speed.preprocess_rate import preprocess_runner, write_random_cifar10_archive
+from towerbench.speed.results import (
+    LayerTimes,
+    PipelineRate,
+    PreprocessRate,
+    StepFlops,
+    StepGroup,
+    StepTiming,
+)
 from towerbench.speed.roofline import matmul_flops, matmul_runner
 from towerbench.speed.settings import BenchSettings
 from towerbench.speed.steps import tower_step_runner
@@ -76,24 +83,22 @@ def with_option(config: TrainConfig, option: str) -> TrainConfig:
     return config.model_copy(update={"precision": option})
 
 
-def step_records(timings: dict[StepKey, Timing]) -> list[dict[str, Any]]:
+def step_records(timings: dict[StepKey, Timing]) -> list[StepTiming]:
     """Each timed step as the summary reads it: its median, images/s and every round."""
     return [
-        {
-            "runner": runner,
-            "towers": towers,
-            "global_batch": batch,
-            "step_seconds": timing.median,
-            "images_per_sec": batch / timing.median,
-            "repeats": list(timing.seconds),
-        }
+        StepTiming(
+            runner=runner,
+            towers=towers,
+            global_batch=batch,
+            step_seconds=timing.median,
+            images_per_sec=batch / timing.median,
+            repeats=list(timing.seconds),
+        )
         for (runner, towers, batch), timing in timings.items()
     ]
 
 
-def measure_steps(
-    devices: TowerDevices, settings: BenchSettings, config: TrainConfig
-) -> dict[str, Any]:
+def measure_steps(devices: TowerDevices, settings: BenchSettings, config: TrainConfig) -> StepGroup:
     """Seconds per step of every configuration and the matmul rates, interleaved."""
     runs = {}
     for runner, towers, batch in step_configurations(settings):
@@ -118,7 +123,7 @@ def measure_steps(
         pairs=judged_pairs(settings),
         max_seconds=settings.max_step_seconds,
     )
-    steps = step_records({key: timing for key, timing in timings.items() if key[0] != "matmul"})
+    timed = step_records({key: timing for key, timing in timings.items() if key[0] != "matmul"})
     roofline = {
         str(size): matmul_flops(size) / timings[("matmul", 1, size)].median
         for size in settings.roofline_sizes
@@ -126,17 +131,19 @@ def measure_steps(
     matmul_seconds = {
         str(size): list(timings[("matmul", 1, size)].seconds) for size in settings.roofline_sizes
     }
-    return {"steps": steps, "matmul_flops_per_sec": roofline, "matmul_seconds": matmul_seconds}
+    return StepGroup(steps=timed, matmul_flops_per_sec=roofline, matmul_seconds=matmul_seconds)
 
 
 def measure_layers(
     devices: TowerDevices, settings: BenchSettings, config: TrainConfig
-) -> dict[str, Any]:
+) -> LayerTimes:
     """Seconds per forward + backward pass of each layer at the roofline batch (1 device)."""
     batch = settings.roofline_batch
     runs = layer_runners(batch, settings.steps_per_repeat(batch), devices.devices[0], config)
     timings = interleaved(runs, settings.repeats, settings.warmup)
-    return {"batch": batch, "seconds": {name: timing.median for name, timing in timings.items()}}
+    return LayerTimes(
+        batch=batch, seconds={name: timing.median for name, timing in timings.items()}
+    )
 
 
 def _random_images(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -161,7 +168,7 @@ def write_synthetic_cifar(folder: Path, name: str, train: int, test: int) -> Pat
 
 def measure_input_pipeline(
     work_dir: Path, settings: BenchSettings, config: TrainConfig
-) -> dict[str, Any]:
+) -> PipelineRate:
     """Images/s of one training epoch of the input pipeline on random CIFAR-shaped TFRecords."""
     folder = write_synthetic_cifar(work_dir, "pipeline", settings.pipeline_examples, NUM_CLASSES)
     timing = interleaved(
@@ -169,14 +176,14 @@ def measure_input_pipeline(
         settings.repeats,
         settings.warmup,
     )["pipeline"]
-    return {
-        "examples": settings.pipeline_examples,
-        "global_batch": settings.per_tower_batch,
-        "images_per_sec": 1 / timing.median,
-    }
+    return PipelineRate(
+        examples=settings.pipeline_examples,
+        global_batch=settings.per_tower_batch,
+        images_per_sec=1 / timing.median,
+    )
 
 
-def measure_preprocessing(work_dir: Path, settings: BenchSettings) -> dict[str, Any]:
+def measure_preprocessing(work_dir: Path, settings: BenchSettings) -> PreprocessRate:
     """Seconds to convert an official-format CIFAR-10 binary archive (random pixels)."""
     archive = work_dir / "cifar-10-binary.tar.gz"
     images = write_random_cifar10_archive(archive, settings.preprocess_images_per_file)
@@ -185,17 +192,16 @@ def measure_preprocessing(work_dir: Path, settings: BenchSettings) -> dict[str, 
         settings.repeats,
         settings.warmup,
     )["preprocess"]
-    return {
-        "images": images,
-        "seconds": timing.median,
-        "images_per_sec": images / timing.median,
-        "seconds_for_60k": timing.median * 60_000 / images,
-        "extrapolated": images != 60_000,
-    }
+    return PreprocessRate(
+        images=images,
+        seconds=timing.median,
+        images_per_sec=images / timing.median,
+        seconds_for_60k=timing.median * 60_000 / images,
+        extrapolated=images != 60_000,
+    )
 
 
-def count_flops(config: TrainConfig) -> dict[str, int]:
+def count_flops(config: TrainConfig) -> StepFlops:
     """Counted FLOPs per example of the benchmark network (see speed/flops.py)."""
     network = build_network(NETWORK, IMAGE_SHAPE, NUM_CLASSES, config.seed)
-    flops = count_step_flops(lambda images: network.model(images, training=True), IMAGE_SHAPE)
-    return {"forward": flops.forward, "training": flops.training}
+    return count_step_flops(lambda images: network.model(images, training=True), IMAGE_SHAPE)

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from towerbench.speed.results import BenchResults, StepGroup, StepTiming
 from towerbench.speed.roofline import matmul_flops
 from towerbench.speed.timing import RatioInterval, ratio_interval
 
@@ -23,15 +24,15 @@ class TargetRow:
     met: bool | None  # None: reported without a target
 
 
-def _step(results: dict[str, Any], runner: str, towers: int, batch: int) -> dict[str, Any]:
-    for step in results["steps"]:
-        if (step["runner"], step["towers"], step["global_batch"]) == (runner, towers, batch):
+def _step(steps: list[StepTiming], runner: str, towers: int, batch: int) -> StepTiming:
+    for step in steps:
+        if (step.runner, step.towers, step.global_batch) == (runner, towers, batch):
             return step
     raise KeyError(f"no {runner} step measured for {towers} towers at batch {batch}")
 
 
-def step_seconds(results: dict[str, Any], runner: str, towers: int, batch: int) -> float:
-    return _step(results, runner, towers, batch)["step_seconds"]
+def step_seconds(steps: list[StepTiming], runner: str, towers: int, batch: int) -> float:
+    return _step(steps, runner, towers, batch).step_seconds
 
 
 def ratio_figure(interval: RatioInterval, scale: float = 1.0) -> dict[str, Any]:
@@ -46,21 +47,20 @@ def ratio_figure(interval: RatioInterval, scale: float = 1.0) -> dict[str, Any]:
 
 
 def step_ratio(
-    results: dict[str, Any], numerator: tuple[str, int, int], denominator: tuple[str, int, int]
+    steps: list[StepTiming], numerator: tuple[str, int, int], denominator: tuple[str, int, int]
 ) -> RatioInterval:
-    return ratio_interval(
-        _step(results, *numerator)["repeats"], _step(results, *denominator)["repeats"]
-    )
+    return ratio_interval(_step(steps, *numerator).repeats, _step(steps, *denominator).repeats)
 
 
-def _roofline_fraction(results: dict[str, Any], settings) -> dict[str, Any]:
+def _roofline_fraction(results: BenchResults, settings) -> dict[str, Any]:
     """Training FLOP/s over the fastest matmul's, per round: the product's time over the step's,
     times the step's FLOPs over the product's."""
-    size = max(results["matmul_flops_per_sec"], key=results["matmul_flops_per_sec"].get)
+    rates = results.matmul_flops_per_sec
+    size = max(rates, key=rates.__getitem__)
     batch = settings.roofline_batch
-    step = _step(results, "towerbench", 1, batch)
-    interval = ratio_interval(results["matmul_seconds"][size], step["repeats"])
-    work = results["flops_per_example"]["training"] * batch / matmul_flops(int(size))
+    step = _step(results.steps, "towerbench", 1, batch)
+    interval = ratio_interval(results.matmul_seconds[size], step.repeats)
+    work = results.flops_per_example.training * batch / matmul_flops(int(size))
     return ratio_figure(interval, work)
 
 
@@ -68,37 +68,28 @@ def _rounded(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def speed_summary(
-    results: dict[str, Any],
-    orchestration: dict[str, Any],
-    machine: dict[str, Any],
-    settings,
-) -> dict[str, Any]:
+def speed_summary(results: BenchResults, machine: dict[str, Any], settings) -> dict[str, Any]:
     """The JSON summary of the speed benchmarks (`towerbench bench --json`)."""
-    fixed = settings.fixed_global_batch
+    fixed, steps = settings.fixed_global_batch, results.steps
     overhead = {
-        str(k): ratio_figure(
-            step_ratio(results, ("towerbench", k, fixed), ("towerbench", 1, fixed))
-        )
+        str(k): ratio_figure(step_ratio(steps, ("towerbench", k, fixed), ("towerbench", 1, fixed)))
         for k in settings.towers
         if k > 1
     }
     versus_keras = {
         str(k): ratio_figure(
             step_ratio(
-                results,
+                steps,
                 ("towerbench", k, k * settings.per_tower_batch),
                 ("keras_mirrored", k, k * settings.per_tower_batch),
             )
         )
         for k in settings.keras_towers
     }
-    consumption = max(
-        step["images_per_sec"] for step in results["steps"] if step["runner"] == "towerbench"
-    )
+    consumption = max(step.images_per_sec for step in steps if step.runner == "towerbench")
     options = {
         option: ratio_figure(
-            step_ratio(results, (f"towerbench:{option}", 1, fixed), ("towerbench", 1, fixed))
+            step_ratio(steps, (f"towerbench:{option}", 1, fixed), ("towerbench", 1, fixed))
         )
         for option in settings.options
     }
@@ -106,7 +97,7 @@ def speed_summary(
     networks = {
         network: ratio_figure(
             step_ratio(
-                results,
+                steps,
                 (f"towerbench@{network}", 1, batch),
                 (f"keras_mirrored@{network}", 1, batch),
             )
@@ -119,25 +110,25 @@ def speed_summary(
         "vs_keras_mirrored_networks": networks,
         "options_vs_float32": options,
         "roofline_fraction": _roofline_fraction(results, settings),
-        "input_pipeline_ratio": _rounded(results["input_pipeline"]["images_per_sec"] / consumption),
-        "preprocess_60k_seconds": _rounded(results["preprocess"]["seconds_for_60k"]),
+        "input_pipeline_ratio": _rounded(results.input_pipeline.images_per_sec / consumption),
+        "preprocess_60k_seconds": _rounded(results.preprocess.seconds_for_60k),
         "orchestration_overhead": _rounded(
-            orchestration["overhead_seconds"] / REFERENCE_RUN_SECONDS
+            results.orchestration.overhead_seconds / REFERENCE_RUN_SECONDS
         ),
         "machine": machine,
     }
 
 
-def roofline(results: dict[str, Any]) -> float:
+def roofline(results: StepGroup) -> float:
     """The best measured dense float32 matmul rate (FLOP/s)."""
-    return max(results["matmul_flops_per_sec"].values())
+    return max(results.matmul_flops_per_sec.values())
 
 
-def achieved_flops(results: dict[str, Any], settings, runner: str = "towerbench") -> float:
+def achieved_flops(results: BenchResults, settings, runner: str = "towerbench") -> float:
     """FLOP/s of the 1-tower training step at the roofline batch (counted FLOPs / step time)."""
     batch = settings.roofline_batch
-    seconds = step_seconds(results, runner, 1, batch)
-    return results["flops_per_example"]["training"] * batch / seconds
+    seconds = step_seconds(results.steps, runner, 1, batch)
+    return results.flops_per_example.training * batch / seconds
 
 
 def interval_text(figure: dict[str, Any], percent: bool = False) -> str:
@@ -170,6 +161,12 @@ def _untargeted_row(name: str, figure: dict[str, Any]) -> TargetRow:
 def target_rows(summary: dict[str, Any], settings) -> list[TargetRow]:
     """Every figure with its target (issue 5, on the 2-core CPU) and whether its 95% interval
     meets it; step ratios are shown with that interval."""
+    return _step_ratio_rows(summary, settings) + _rate_rows(summary, settings)
+
+
+def _step_ratio_rows(summary: dict[str, Any], settings) -> list[TargetRow]:
+    """The ratios of step times: k towers / 1 tower, ours / Keras' (at k towers, then on the
+    other networks), each option / float32."""
     rows = []
     for towers, figure in summary["tower_overhead"].items():
         has_target = int(towers) in settings.judged_towers
@@ -208,38 +205,37 @@ def target_rows(summary: dict[str, Any], settings) -> list[TargetRow]:
                 figure,
             )
         )
-    rows.append(
+    return rows
+
+
+def _rate_rows(summary: dict[str, Any], settings) -> list[TargetRow]:
+    """The step's FLOP/s against the roofline, the input pipeline's and preprocessing's rates,
+    orchestration's share of a run."""
+    ratio = summary["input_pipeline_ratio"]
+    seconds = summary["preprocess_60k_seconds"]
+    share = summary["orchestration_overhead"]
+    return [
         TargetRow(
             f"Training FLOP/s / matmul roofline (1 tower, batch {settings.roofline_batch})",
             "≥ 65%",
             *_judged(summary["roofline_fraction"], 0.65, at_most=False, percent=True),
-        )
-    )
-    ratio = summary["input_pipeline_ratio"]
-    rows.append(
+        ),
         TargetRow(
             "Input pipeline images/s / fastest training consumption",
             "≥ 3×",
             f"{ratio:.2f}×",
             ratio >= 3,
-        )
-    )
-    seconds = summary["preprocess_60k_seconds"]
-    rows.append(
+        ),
         TargetRow(
             "60,000 CIFAR-10 images, binary archive -> TFRecords",
             "≤ 30 s",
             f"{seconds:.1f} s",
             seconds <= 30,
-        )
-    )
-    share = summary["orchestration_overhead"]
-    rows.append(
+        ),
         TargetRow(
             "Prefect flow + MLflow overhead per configuration, share of a 2-minute run",
             "≤ 5%",
             f"{share:.1%}",
             share <= 0.05,
-        )
-    )
-    return rows
+        ),
+    ]

@@ -23,6 +23,7 @@ from towerbench.config.model_ref import model_label
 from towerbench.config.sections import TrainConfig
 from towerbench.model.devices import TowerDevices
 from towerbench.speed.keras_peer import keras_mirrored_runner
+from towerbench.speed.results import StepTiming
 from towerbench.speed.settings import BenchSettings
 from towerbench.speed.steps import tower_step_runner
 from towerbench.speed.suite import StepKey, step_records
@@ -60,7 +61,7 @@ def measure_user_model(
     settings: BenchSettings,
     config: TrainConfig,
     image_shape: tuple[int, int, int],
-) -> dict[str, Any]:
+) -> list[StepTiming]:
     """Seconds per step of both sides at each tower count, interleaved."""
     batch = config.global_batch
     steps = settings.steps_per_repeat(batch)
@@ -88,11 +89,11 @@ def measure_user_model(
         pairs={_pair(config, k): settings.peer_precision for k in tower_counts(config)},
         max_seconds=settings.max_step_seconds,
     )
-    return {"steps": step_records(timings)}
+    return step_records(timings)
 
 
 def user_model_summary(
-    results: dict[str, Any],
+    steps: list[StepTiming],
     config: TrainConfig,
     image_shape: tuple[int, int, int],
     machine: dict[str, Any],
@@ -101,7 +102,7 @@ def user_model_summary(
     and, with several towers, each side's k towers / 1 tower."""
     batch, most = config.global_batch, max(tower_counts(config))
     overhead = {
-        side: ratio_figure(step_ratio(results, (side, most, batch), (side, 1, batch)))
+        side: ratio_figure(step_ratio(steps, (side, most, batch), (side, 1, batch)))
         for side in SIDES
         if most > 1
     }
@@ -114,10 +115,9 @@ def user_model_summary(
         "precision": config.precision,
         "xla": config.xla,
         "keras_xla": {str(k): keras_xla(config, k) for k in tower_counts(config)},
-        "steps": results["steps"],
+        "steps": [step.model_dump() for step in steps],
         "vs_keras_mirrored": {
-            str(k): ratio_figure(step_ratio(results, *_pair(config, k)))
-            for k in tower_counts(config)
+            str(k): ratio_figure(step_ratio(steps, *_pair(config, k))) for k in tower_counts(config)
         },
         "tower_overhead": overhead,
         "machine": machine,

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from towerbench.model.networks import build_network
 from towerbench.speed.flops import count_step_flops
+from towerbench.speed.results import BenchResults, FlowBreakdown, OrchestrationTiming
 from towerbench.speed.settings import BenchSettings
 from towerbench.speed.summary import speed_summary, target_rows
 
@@ -42,8 +43,9 @@ TINY = dict(
     preprocess_images_per_file=40,
 )
 MEASURE = f"""
-import json, sys, tempfile
+import sys, tempfile
 from pathlib import Path
+from pydantic_core import to_json
 from towerbench.model.devices import configure_tower_devices
 devices = configure_tower_devices(2, "cpu", "cpu")
 from towerbench.speed.settings import BenchSettings
@@ -54,27 +56,43 @@ from towerbench.config.sections import TrainConfig
 
 settings = BenchSettings(**{TINY!r})
 config = TrainConfig()
-results = {{"flops_per_example": count_flops(config)}}
-results |= measure_steps(devices, settings, config)
-results["layers"] = measure_layers(devices, settings, config)
+measured = dict(
+    measure_steps(devices, settings, config),
+    flops_per_example=count_flops(config),
+    layers=measure_layers(devices, settings, config),
+)
 with tempfile.TemporaryDirectory() as work:
-    results["input_pipeline"] = measure_input_pipeline(Path(work), settings, config)
-    results["preprocess"] = measure_preprocessing(Path(work), settings)
-print(json.dumps(results))
+    measured["input_pipeline"] = measure_input_pipeline(Path(work), settings, config)
+    measured["preprocess"] = measure_preprocessing(Path(work), settings)
+print(to_json(measured).decode())
 """
+# Not measured here: only its overhead enters the summary, 6 s of a 2-minute run.
+ORCHESTRATION = OrchestrationTiming(
+    configurations=3,
+    train_examples=512,
+    epochs=1,
+    direct_seconds=30.0,
+    flow_seconds=48.0,
+    overhead_seconds=6.0,
+    direct_repeats=[30.0],
+    flow_repeats=[48.0],
+    breakdown=FlowBreakdown(before_first_run=4, in_runs=40, between_runs=1, after_last_run=3),
+    process_start_seconds=5.0,
+)
 
 
 @pytest.fixture(scope="module")
-def tiny_results() -> dict:
+def tiny_results() -> BenchResults:
     completed = subprocess.run(
         [sys.executable, "-c", MEASURE], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    measured = json.loads(completed.stdout.strip().splitlines()[-1])
+    return BenchResults.model_validate({**measured, "orchestration": ORCHESTRATION})
 
 
-def test_every_configuration_is_measured(tiny_results: dict) -> None:
-    measured = {(s["runner"], s["towers"], s["global_batch"]) for s in tiny_results["steps"]}
+def test_every_configuration_is_measured(tiny_results: BenchResults) -> None:
+    measured = {(s.runner, s.towers, s.global_batch) for s in tiny_results.steps}
     assert measured == {
         ("towerbench", 1, 16),
         ("towerbench", 2, 16),
@@ -87,21 +105,20 @@ def test_every_configuration_is_measured(tiny_results: dict) -> None:
         ("towerbench:mixed_float16", 1, 16),
         ("towerbench:mixed_bfloat16", 1, 16),
     }
-    assert all(step["step_seconds"] > 0 for step in tiny_results["steps"])
-    layers = tiny_results["layers"]["seconds"]
+    assert all(step.step_seconds > 0 for step in tiny_results.steps)
+    layers = tiny_results.layers.seconds
     assert list(layers)[:3] == ["conv1", "pool1", "norm1"] and "softmax_linear" in layers
     assert all(seconds > 0 for seconds in layers.values())
-    assert set(tiny_results["matmul_flops_per_sec"]) == {"64", "128"}
-    assert tiny_results["input_pipeline"]["images_per_sec"] > 0
-    preprocess = tiny_results["preprocess"]
-    assert preprocess["images"] == 6 * 40 and preprocess["extrapolated"]
-    assert preprocess["seconds_for_60k"] == pytest.approx(preprocess["seconds"] * 60_000 / 240)
+    assert set(tiny_results.matmul_flops_per_sec) == {"64", "128"}
+    assert tiny_results.input_pipeline.images_per_sec > 0
+    preprocess = tiny_results.preprocess
+    assert preprocess.images == 6 * 40 and preprocess.extrapolated
+    assert preprocess.seconds_for_60k == pytest.approx(preprocess.seconds * 60_000 / 240)
 
 
-def test_summary_has_the_issue_shape_and_correct_ratios(tiny_results: dict) -> None:
+def test_summary_has_the_issue_shape_and_correct_ratios(tiny_results: BenchResults) -> None:
     settings = BenchSettings(**TINY)
-    orchestration = {"overhead_seconds": 6.0}
-    summary = speed_summary(tiny_results, orchestration, {"cpu": "test"}, settings)
+    summary = speed_summary(tiny_results, {"cpu": "test"}, settings)
     assert list(summary) == [
         "tower_overhead",
         "vs_keras_mirrored",
@@ -117,9 +134,7 @@ def test_summary_has_the_issue_shape_and_correct_ratios(tiny_results: dict) -> N
     assert set(summary["vs_keras_mirrored"]) == {"1", "2"}
     assert set(summary["vs_keras_mirrored_networks"]) == {"tutorial_bn"}
     assert set(summary["options_vs_float32"]) == {"xla", "mixed_float16", "mixed_bfloat16"}
-    rounds = {
-        (s["runner"], s["towers"], s["global_batch"]): s["repeats"] for s in tiny_results["steps"]
-    }
+    rounds = {(s.runner, s.towers, s.global_batch): s.repeats for s in tiny_results.steps}
     per_round = [
         two / one
         for two, one in zip(
@@ -172,7 +187,7 @@ def test_the_flow_breakdown_adds_up_from_the_mlflow_run_times(tmp_path: Path) ->
         )
         client.set_terminated(child.info.run_id, end_time=int((start + end) * 1e3))
     flow = {"started": start + 0.5, "ended": start + 13.0, "parent": parent}
-    parts = flow_breakdown(tracking, flow)
+    parts = flow_breakdown(tracking, flow).model_dump()
     assert parts == pytest.approx(
         {"before_first_run": 1.5, "in_runs": 9.25, "between_runs": 0.75, "after_last_run": 1.0}
     )

@@ -1,6 +1,7 @@
 """The learning-rate policy: scaling rules, warmup and decay counted in epochs."""
 
 import math
+from typing import get_args
 
 import fixtures_model  # noqa: F401
 import numpy as np
@@ -8,7 +9,16 @@ import pytest
 
 from towerbench.config.sections import TrainConfig
 from towerbench.model.input_pipeline import EpochPlan
-from towerbench.model.schedules import StepSchedule, scaled_learning_rate, schedule_from_config
+from towerbench.model.schedules import (
+    Decay,
+    StepSchedule,
+    scaled_learning_rate,
+    schedule_from_config,
+)
+
+
+def test_the_schedule_knows_every_decay_the_config_accepts():
+    assert get_args(Decay) == get_args(TrainConfig.model_fields["decay"].annotation)
 
 
 def test_scaling_rules():

@@ -19,15 +19,15 @@ pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 def test_averaged_towers_equal_one_device_and_sum_is_k_times_mean():
     towers = fixtures_model.LOGICAL_CPUS
     result = run_gradcheck("tutorial", towers, global_batch=32, seed=3)
-    assert result["device_kind"] == "logical CPU"
-    assert len(set(result["devices"])) == towers
-    assert result["mean_vs_single"]["max_rel_diff"] <= 1e-5
-    assert result["mean_vs_single"]["weights_max_rel_diff"] <= 1e-5
-    assert result["mirrored_vs_single"]["max_rel_diff"] <= 1e-5
+    assert result.device_kind == "logical CPU"
+    assert len(set(result.devices)) == towers
+    assert result.mean_vs_single.max_rel_diff <= 1e-5
+    assert result.mean_vs_single.weights_max_rel_diff <= 1e-5
+    assert result.mirrored_vs_single.max_rel_diff <= 1e-5
     # k is a power of two: k x mean is the sum exactly, bit for bit.
-    assert result["sum_vs_mean"]["max_abs_diff_from_k_times_mean"] == 0.0
-    assert result["sum_vs_mean"]["ratio"] == pytest.approx(towers, rel=1e-6)
-    names = [item["variable"] for item in result["mean_vs_single"]["per_variable"]]
+    assert result.sum_vs_mean.max_abs_diff_from_k_times_mean == 0.0
+    assert result.sum_vs_mean.ratio == pytest.approx(towers, rel=1e-6)
+    names = [item.variable for item in result.mean_vs_single.per_variable]
     assert "local3/kernel" in names and len(names) == 10
 
 
@@ -36,10 +36,10 @@ def test_per_tower_batchnorm_equals_ghost_batchnorm_not_global_batchnorm():
     over the whole batch is a different function, and gradcheck says so."""
     towers = fixtures_model.LOGICAL_CPUS
     result = run_gradcheck("tutorial_bn", towers, global_batch=32, seed=3)
-    assert result["ghost_vs_mean"]["max_rel_diff"] <= 1e-5
-    assert result["ghost_vs_mean"]["weights_max_rel_diff"] <= 1e-5
-    assert result["mean_vs_single"]["max_rel_diff"] > 1e-3  # a real difference, not rounding
-    assert "ghost" in result["explanation"]
+    assert result.ghost_vs_mean.max_rel_diff <= 1e-5
+    assert result.ghost_vs_mean.weights_max_rel_diff <= 1e-5
+    assert result.mean_vs_single.max_rel_diff > 1e-3  # a real difference, not rounding
+    assert "ghost" in result.explanation
 
 
 def _trainer(devices, aggregation, weight_decay, lr=0.5):

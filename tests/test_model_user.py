@@ -354,10 +354,10 @@ def test_gradcheck_on_a_users_batchnorm_network_agrees_with_ghost_batchnorm(tmp_
 def test_gradcheck_names_rounding_where_the_network_has_no_batchnorm(tmp_path):
     path = _model_file(tmp_path, REGULARIZED)
     result = run_gradcheck(f"{path}:build", 2, global_batch=16, seed=1, input_shape=(8, 8, 1))
-    assert not result["batchnorm"] and result["passed"]
-    assert result["mean_vs_single"]["max_rel_diff"] <= 1e-5
-    assert "That is rounding level" in result["explanation"]
-    assert "BatchNorm normalises" not in result["explanation"]
+    assert not result.batchnorm and result.passed
+    assert result.mean_vs_single.max_rel_diff <= 1e-5
+    assert "That is rounding level" in result.explanation
+    assert "BatchNorm normalises" not in result.explanation
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from towerbench.config.load import load
 from towerbench.config.model_ref import parse_model
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.speed.results import BenchResults
 
 DEFAULT_REPORT = Path("docs/benchmarks.md")
 # The training settings given as options; the rest come from --params' train: section.
@@ -84,7 +85,7 @@ def _say(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, Any], BenchResults]:
     """Every measurement of `config`'s training settings (aggregation, optimizer, schedule,
     distortions, XLA) on the fixed network, in one process; returns (JSON summary, raw results)."""
     from towerbench.overhead.orchestration import isolate_orchestration_state
@@ -112,18 +113,25 @@ def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, An
 
     machine = describe_machine(devices)
     _say(f"{settings.mode} run on {machine['tower_devices']} devices ({machine['cpu']})")
-    results: dict[str, Any] = {"flops_per_example": count_flops(config)}
+    flops = count_flops(config)
     _say("training steps (towerbench, Keras + MirroredStrategy) and matmul roofline")
-    results |= measure_steps(devices, settings, config)
+    steps = measure_steps(devices, settings, config)
     _say("each layer's forward and backward pass")
-    results["layers"] = measure_layers(devices, settings, config)
+    layers = measure_layers(devices, settings, config)
     _say("input pipeline")
-    results["input_pipeline"] = measure_input_pipeline(work_dir, settings, config)
+    pipeline = measure_input_pipeline(work_dir, settings, config)
     _say("preprocessing")
-    results["preprocess"] = measure_preprocessing(work_dir, settings)
+    preprocess = measure_preprocessing(work_dir, settings)
     _say("orchestration: Prefect flow + MLflow against a direct train() call")
-    results["orchestration"] = measure_orchestration_overhead(work_dir, settings)
-    return speed_summary(results, results["orchestration"], machine, settings), results
+    results = BenchResults(
+        **dict(steps),
+        flops_per_example=flops,
+        layers=layers,
+        input_pipeline=pipeline,
+        preprocess=preprocess,
+        orchestration=measure_orchestration_overhead(work_dir, settings),
+    )
+    return speed_summary(results, machine, settings), results
 
 
 def _image_shape(text: str) -> tuple[int, int, int]:
@@ -181,8 +189,8 @@ def run_user_model_bench(args: argparse.Namespace, config: TrainConfig, settings
         f"{config.precision}{', XLA' if config.xla else ''}"
     )
     started = time.perf_counter()
-    results = measure_user_model(devices, settings, config, shape)
-    summary = user_model_summary(results, config, shape, machine)
+    steps = measure_user_model(devices, settings, config, shape)
+    summary = user_model_summary(steps, config, shape, machine)
     for row in user_model_rows(summary):
         print(f"{row.figure:<78} {row.target:>7} {row.measured:>9}")
     for line in step_lines(summary):

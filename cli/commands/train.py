@@ -8,6 +8,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from towerbench.cli.console import CommandResult, import_tensorflow
 from towerbench.cli.options import (
@@ -24,6 +25,9 @@ from towerbench.model.cluster import TF_CONFIG, Cluster
 from towerbench.model.records import EpochRecord
 from towerbench.model.training_data import check_training_data
 from towerbench.tasks.training.local_cluster import run_local_cluster
+
+if TYPE_CHECKING:  # imported with TensorFlow, once the command runs
+    from towerbench.model.gradcheck import GradcheckResult
 
 # What gradcheck takes from the training configuration: the network, the towers, one batch.
 GRADCHECK_FIELDS = frozenset(
@@ -235,44 +239,54 @@ def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
         config.precision,
         **images,
     )
-    if not cluster.is_chief:
+    if result is None:  # a worker other than the chief: the chief reports
         return CommandResult(0, {})
-    result["images"] = why
     print(
-        f"{config.model}: {config.towers} tower(s) on {result['device_kind']} devices, "
+        f"{config.model}: {config.towers} tower(s) on {result.device_kind} devices, "
         f"global batch {config.global_batch}; images {why}"
     )
+    _print_per_variable(result)
+    _print_comparisons(result, config)
+    verdict = "agree" if result.passed else "DO NOT agree"
+    print(f"within the tolerance {result.tolerance:g}: the ways {verdict}")
+    print(result.explanation)
+    return CommandResult(0, {**result.to_json(), "images": why})
+
+
+def _print_per_variable(result: GradcheckResult) -> None:
+    """Each variable's relative gradient difference from one device: towers, MirroredStrategy."""
     header = f"{'variable':32s} {'mean vs single':>16s} {'mirrored vs single':>20s}"
     print(header + "   (relative difference of gradients ||a-b||inf/||b||inf)")
     for mean, mirrored in zip(
-        result["mean_vs_single"]["per_variable"],
-        result["mirrored_vs_single"]["per_variable"],
-        strict=True,
+        result.mean_vs_single.per_variable, result.mirrored_vs_single.per_variable, strict=True
     ):
+        print(f"{mean.variable:32s} {mean.grad_rel_diff:16.2e} {mirrored.grad_rel_diff:20.2e}")
+
+
+def _print_comparisons(result: GradcheckResult, config: TrainConfig) -> None:
+    """Each comparison's largest differences, of the gradients and of the weights after one
+    step; the workers' in a cluster; summing against averaging."""
+    compared = {
+        "mean_vs_single": result.mean_vs_single,
+        "mirrored_vs_single": result.mirrored_vs_single,
+        "mirrored_vs_mean": result.mirrored_vs_mean,
+        "ghost_vs_mean": result.ghost_vs_mean,
+    }
+    for name, item in compared.items():
         print(
-            f"{mean['variable']:32s} {mean['grad_rel_diff']:16.2e} "
-            f"{mirrored['grad_rel_diff']:20.2e}"
+            f"{name}: gradients max abs {item.max_abs_diff:.2e}, max rel "
+            f"{item.max_rel_diff:.2e}; weights after one step max abs "
+            f"{item.weights_max_abs_diff:.2e}, max rel {item.weights_max_rel_diff:.2e}"
         )
-    for key in ("mean_vs_single", "mirrored_vs_single", "mirrored_vs_mean", "ghost_vs_mean"):
-        item = result[key]
-        print(
-            f"{key}: gradients max abs {item['max_abs_diff']:.2e}, max rel "
-            f"{item['max_rel_diff']:.2e}; weights after one step max abs "
-            f"{item['weights_max_abs_diff']:.2e}, max rel {item['weights_max_rel_diff']:.2e}"
-        )
-    if "workers_vs_single" in result:
-        item = result["workers_vs_single"]
+    if result.workers_vs_single is not None:
+        item = result.workers_vs_single
         print(
             f"workers_vs_single ({config.workers} workers x {config.towers} towers): gradients "
-            f"max abs {item['max_abs_diff']:.2e}, max rel {item['max_rel_diff']:.2e}; weights "
-            f"after one step max rel {item['weights_max_rel_diff']:.2e}"
+            f"max abs {item.max_abs_diff:.2e}, max rel {item.max_rel_diff:.2e}; weights "
+            f"after one step max rel {item.weights_max_rel_diff:.2e}"
         )
-    summed = result["sum_vs_mean"]
+    summed = result.sum_vs_mean
     print(
-        f"sum_vs_mean: ratio {summed['ratio']:.6f} (expected {config.towers}), "
-        f"max rel diff from k x mean {summed['max_rel_diff_from_k_times_mean']:.2e}"
+        f"sum_vs_mean: ratio {summed.ratio:.6f} (expected {config.towers}), "
+        f"max rel diff from k x mean {summed.max_rel_diff_from_k_times_mean:.2e}"
     )
-    verdict = "agree" if result["passed"] else "DO NOT agree"
-    print(f"within the tolerance {result['tolerance']:g}: the ways {verdict}")
-    print(result["explanation"])
-    return CommandResult(0, result)

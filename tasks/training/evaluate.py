@@ -95,4 +95,5 @@ def log_evaluation(result: Any) -> None:
         check = run_gradcheck(
             config.model, config.towers, config.global_batch, config.seed, None, config.precision
         )
-        mlflow.log_dict(check, "gradcheck.json")
+        if check is not None:  # None on a worker other than the chief
+            mlflow.log_dict(check.to_json(), "gradcheck.json")
