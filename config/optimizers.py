@@ -51,8 +51,11 @@ HYPERPARAMETERS: dict[str, frozenset[str]] = {
 ALL_HYPERPARAMETERS: frozenset[str] = frozenset().union(*HYPERPARAMETERS.values())
 
 # An explicit optimizer brings its own default learning rate (Keras' 0.001 for the adaptive
-# ones) unless the user gives base_lr; presets' LRs are tuned for their own optimizer.
+# ones) unless the user gives base_lr; presets' LRs are tuned for their own optimizer. LARS
+# moves each layer's weights by about lr x trust_coefficient of their norm per step: 10 x 0.001,
+# 1%. Measured here (digits, tutorial, 2 towers of 16, 4 epochs): LR 10 55.7%, LR 40 91.1%.
 DEFAULT_LEARNING_RATES: dict[str, float] = {
+    "lars": 10.0,
     "adam": 0.001,
     "adamw": 0.001,
     "rmsprop": 0.001,
@@ -89,6 +92,11 @@ class Hyperparameters:
         names = (*sorted(HYPERPARAMETERS[self.optimizer]), "weight_decay")
         values = {name: getattr(self, name) for name in names}
         return {name: value for name, value in values.items() if value is not None}
+
+    def describe(self) -> str:
+        """`adam (beta_1 0.6, beta_2 0.996, epsilon 5e-08)`."""
+        values = ", ".join(f"{name} {value:.4g}" for name, value in self.items().items())
+        return f"{self.optimizer} ({values})" if values else self.optimizer
 
 
 def _sqrt_rule_beta(beta: float, kappa: float) -> float:

@@ -10,7 +10,11 @@ way alike. With several workers (model.cluster), (f) every worker's k towers on 
 batch, averaged across workers too, against (a). For each we take the data-loss gradient and
 the weights after one SGD step (learning rate GRADCHECK_LR, the model's weight decay added
 once), and report per variable and overall the largest absolute difference and the relative
-difference ||a - b||_inf / ||b||_inf against the single device.
+difference ||a - b||_inf / ||b||_inf against the single device. Then the update check: for each
+optimizer asked for, UPDATE_STEPS steps of k towers averaged and of one device on the same
+batches (its own defaults, the weight decay as that optimizer applies it): stateful optimizers
+(momentum, Adam's moments, LARS' and LAMB's trust ratios) see the same averaged gradient each
+step, so their weights must agree too.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ USER_INPUT_SHAPE = (32, 32, 3)  # a user's network unless another shape is given
 # 1.2e-6, 3.2e-3 and 5.9e-2; the tolerances leave a factor of about 3 (float32: 10).
 TOLERANCE: dict[str, float] = {"float32": 1e-5, "mixed_float16": 1e-2, "mixed_bfloat16": 2e-1}
 Way = tuple[list[np.ndarray], list[np.ndarray]]  # (data gradients, weights after one step)
+UPDATE_STEPS = 3
 
 
 class VariableDifference(BaseModel):
@@ -76,6 +81,21 @@ class SumVsMean(BaseModel):
     max_rel_diff_from_k_times_mean: float
 
 
+class UpdateCheck(BaseModel):
+    """One optimizer: k towers' weights against one device's after UPDATE_STEPS steps, over all
+    weights at once (||a - b||_inf / ||b||_inf of the whole weight vector: an adaptive
+    optimizer's step is about the LR whatever the gradient's size, so the rounding of a
+    near-zero gradient moves a bias that starts at 0 by a large fraction of its small self)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    optimizer: str
+    steps: int
+    learning_rate: float
+    max_abs_diff: float
+    max_rel_diff: float
+
+
 class GradcheckResult(BaseModel):
     """The ways' differences on one batch, with the verdict and what explains it: what
     `towerbench gradcheck` prints, and (`to_json`) its `--json` and MLflow's gradcheck.json."""
@@ -105,13 +125,18 @@ class GradcheckResult(BaseModel):
     # In a cluster only: the workers, and their towers against one device.
     workers: int | None = None
     workers_vs_single: Comparison | None = None
+    # Each optimizer's weights after UPDATE_STEPS steps, towers against one device.
+    updates_vs_single: list[UpdateCheck] = []
 
     @property
     def passed(self) -> bool:
         """Towers, MirroredStrategy (and workers) agree with one device, or with ghost BatchNorm
-        on a BatchNorm network, within the tolerance."""
+        on a BatchNorm network, within the tolerance; and so do the optimizers' updates on a
+        network without BatchNorm."""
         reference = self.ghost_vs_mean if self.batchnorm else self.mean_vs_single
-        compared = [reference, self.mirrored_vs_mean]
+        compared: list[Comparison | UpdateCheck] = [reference, self.mirrored_vs_mean]
+        if not self.batchnorm:
+            compared += self.updates_vs_single
         if self.workers_vs_single is not None and not self.batchnorm:
             compared.append(self.workers_vs_single)
         return all(item.max_rel_diff <= self.tolerance for item in compared)
@@ -244,6 +269,60 @@ def _tower_run(
     ]
     trainer.step(problem.images, problem.labels)
     return gradients, [v.numpy() for v in network.model.trainable_variables]
+
+
+def _update_config(problem: _Problem, optimizer: str):
+    """`optimizer` with its defaults (no dataset preset) on the problem's network."""
+    from towerbench.config.sections import TrainConfig
+
+    return TrainConfig(
+        model=problem.model, dataset="gradcheck", optimizer=optimizer, precision=problem.precision
+    )
+
+
+def _weights_after_updates(problem: _Problem, devices: TowerDevices, optimizer: str) -> list:
+    """The weights after UPDATE_STEPS averaged steps of `optimizer` (its default LR and
+    hyperparameters), each step on its own batch of the problem's shape."""
+    import tensorflow as tf
+
+    from towerbench.model.optimizers import build_optimizer
+    from towerbench.model.towers import TowerTrainer
+
+    config = _update_config(problem, optimizer)
+    with tf.device(devices.parameter_device):
+        network = problem.network()
+    trainer = TowerTrainer(
+        network,
+        build_optimizer(config, config.base_lr),
+        devices,
+        "mean",
+        config.l2_weight_decay,
+        precision=problem.precision,
+    )
+    batch, classes = problem.images.shape, problem.num_classes
+    for step in range(UPDATE_STEPS):
+        seed = [problem.seed, 10 + step]
+        images = tf.random.stateless_normal(batch, seed=seed)
+        labels = tf.random.stateless_uniform((batch[0],), seed, 0, classes, tf.int32)
+        trainer.step(images, labels)
+    return [v.numpy() for v in network.model.trainable_variables]
+
+
+def _update_check(
+    problem: _Problem, devices: TowerDevices, one_device: TowerDevices, optimizer: str
+) -> UpdateCheck:
+    """`optimizer`'s weights after UPDATE_STEPS steps: k towers against one device."""
+    towers = _weights_after_updates(problem, devices, optimizer)
+    single = _weights_after_updates(problem, one_device, optimizer)
+    flat = [np.concatenate([w.ravel() for w in weights]) for weights in (towers, single)]
+    ((max_abs_diff, max_rel_diff),) = _differences([flat[0]], [flat[1]])
+    return UpdateCheck(
+        optimizer=optimizer,
+        steps=UPDATE_STEPS,
+        learning_rate=_update_config(problem, optimizer).base_lr,
+        max_abs_diff=max_abs_diff,
+        max_rel_diff=max_rel_diff,
+    )
 
 
 def _ghost_run(problem: _Problem, device: str, towers: int) -> Way:
@@ -387,6 +466,16 @@ def _explanation(result: GradcheckResult) -> str:
             "order of additions matters more: the stated tolerance for this precision is "
             f"{result.tolerance:g} (float32: {TOLERANCE['float32']:g})."
         )
+    if result.updates_vs_single:
+        worst = max(result.updates_vs_single, key=lambda check: check.max_rel_diff)
+        names = ", ".join(check.optimizer for check in result.updates_vs_single)
+        lines.append(
+            f"After {worst.steps} steps of each optimizer ({names}), the towers' weights equal "
+            f"one device's to {worst.max_rel_diff:.2e} at most ({worst.optimizer}): every step "
+            "sees the same averaged gradient, so the optimizers' own state (momentum, moments, "
+            "trust ratios) agrees too"
+            + (", up to BatchNorm's per-tower statistics." if result.batchnorm else ".")
+        )
     if result.workers is not None and result.workers_vs_single is not None:
         workers = result.workers
         lines.append(
@@ -480,10 +569,12 @@ def run_gradcheck(
     precision: Precision = "float32",
     input_shape: tuple[int, int, int] | None = None,
     num_classes: int = NUM_CLASSES,
+    optimizers: tuple[str, ...] = (),
 ) -> GradcheckResult | None:
     """Compare one device, k towers (mean, sum) and MirroredStrategy on one fixed batch of
-    `input_shape` images (default: the built-in network's, else USER_INPUT_SHAPE), and in a
-    cluster the workers' towers; workers other than the chief return None."""
+    `input_shape` images (default: the built-in network's, else USER_INPUT_SHAPE), in a
+    cluster the workers' towers, and each of `optimizers`' updates; workers other than the chief
+    return None."""
     from towerbench.model.user_model import disable_dropout
 
     cluster = cluster or Cluster()
@@ -520,4 +611,7 @@ def run_gradcheck(
         ghost_vs_mean=_comparison(mean, ghost, names),
         workers=cluster.workers if across is not None else None,
         workers_vs_single=None if across is None else _comparison(across, single, names),
+        updates_vs_single=[
+            _update_check(problem, devices, one_device, name) for name in optimizers
+        ],
     )

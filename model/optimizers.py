@@ -21,9 +21,12 @@ OPTIMIZER_CLASSES: dict[str, type[keras.optimizers.Optimizer]] = {
 }
 
 
-def build_optimizer(config: TrainConfig, learning_rate) -> keras.optimizers.Optimizer:
-    """`config.optimizer` on `learning_rate` (a float or a Keras LR schedule)."""
-    arguments: dict[str, float | bool] = {**config.optimizer_hyperparameters().items()}
+def build_optimizer(
+    config: TrainConfig, learning_rate, **keras_options: object
+) -> keras.optimizers.Optimizer:
+    """`config.optimizer` on `learning_rate` (a float or a Keras LR schedule); `keras_options`
+    are the Keras optimizer's own (e.g. `use_ema`)."""
+    arguments: dict[str, object] = {**config.optimizer_hyperparameters().items(), **keras_options}
     if config.optimizer == "nesterov":
         arguments["nesterov"] = True
     return OPTIMIZER_CLASSES[config.optimizer](learning_rate, **arguments)

@@ -185,6 +185,7 @@ def _tower_trainer(
 
     from towerbench.model.input_pipeline import network_input_shape
     from towerbench.model.networks import build_network
+    from towerbench.model.optimizers import build_optimizer
     from towerbench.model.towers import TowerTrainer
 
     keras.utils.set_random_seed(config.seed)
@@ -194,17 +195,12 @@ def _tower_trainer(
             config.model, input_shape, len(manifest.classes), config.seed, config.precision
         )
     rate = _learning_rate(config, manifest, plan, devices)
-    optimizer = keras.optimizers.SGD(
-        learning_rate=rate.learning_rate,
-        momentum=config.momentum if config.optimizer in ("momentum", "nesterov") else 0.0,
-        nesterov=config.optimizer == "nesterov",
-    )
     trainer = TowerTrainer(
         network,
-        optimizer,
+        build_optimizer(config, rate.learning_rate),
         devices,
         config.aggregation,
-        config.weight_decay,
+        config.l2_weight_decay,
         config.ema_decay,
         config.xla,
         cluster,
@@ -231,6 +227,7 @@ def _learning_rate(
     reference batch's schedule at the progress tau, times the gain."""
     import tensorflow as tf
 
+    from towerbench.config.optimizers import adascale_power
     from towerbench.model.adascale import (
         AdaScale,
         AdaScaleSchedule,
@@ -248,7 +245,10 @@ def _learning_rate(
         adascale = AdaScale(config.reference_batch, config.global_batch, config.replicas)
     schedule = reference_schedule(config.base_lr, schedule)
     learning_rate = AdaScaleSchedule(
-        schedule, reference_steps_per_epoch(examples, config.reference_batch), adascale
+        schedule,
+        reference_steps_per_epoch(examples, config.reference_batch),
+        adascale,
+        adascale_power(config.optimizer),
     )
     budget = ScaleInvariantBudget.of(
         config.epochs, examples, config.reference_batch, config.global_batch

@@ -1,8 +1,9 @@
 """The peer towerbench must beat: the same network under Keras `model.fit` + MirroredStrategy.
 
 This is what a TensorFlow user writes instead of a tower loop: the network built inside a
-`MirroredStrategy` scope, the tutorial's weight decay as Keras L2 regularizers, SGD with the
-tutorial's moving average of the weights (`use_ema`), sparse cross-entropy and accuracy, `fit`.
+`MirroredStrategy` scope, the tutorial's weight decay as Keras L2 regularizers, the configured
+optimizer (model/optimizers.py) with the tutorial's moving average of the weights (`use_ema`),
+sparse cross-entropy and accuracy, `fit`.
 Keras defaults apply (no XLA on CPU-only machines, one step per execution) unless the caller
 asks for the precision and XLA setting towerbench's side runs with (a user's model, which keeps
 its own regularizers).
@@ -18,6 +19,7 @@ import tensorflow as tf
 
 from towerbench.config.sections import TrainConfig
 from towerbench.model.networks import build_network
+from towerbench.model.optimizers import build_optimizer
 from towerbench.model.precision import Precision
 from towerbench.speed.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES, synthetic_batch
 
@@ -59,10 +61,10 @@ def keras_mirrored_runner(
         network = build_network(network_name, image_shape, NUM_CLASSES, config.seed, precision)
         for variable in network.decayed_variables:
             # tf.nn.l2_loss is sum(w**2)/2, so the tutorial's 0.004 is Keras L2(0.002).
-            variable.regularizer = keras.regularizers.L2(config.weight_decay / 2)
+            variable.regularizer = keras.regularizers.L2(config.l2_weight_decay / 2)
         model = network.model
-        optimizer = keras.optimizers.SGD(
-            learning_rate=config.base_lr, use_ema=True, ema_momentum=config.ema_decay
+        optimizer = build_optimizer(
+            config, config.base_lr, use_ema=True, ema_momentum=config.ema_decay
         )
         if precision == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)

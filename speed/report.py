@@ -34,6 +34,8 @@ def render_markdown(
             ["", ""], [[key, f"`{value}`"] for key, value in summary["machine"].items()]
         ),
         "",
+        f"Optimizer in every timed step: `{summary['optimizer']}` (the params file's `train:`).",
+        "",
         "## Targets",
         "",
         markdown_table(

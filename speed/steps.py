@@ -6,12 +6,12 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-import keras
 import tensorflow as tf
 
 from towerbench.config.sections import TrainConfig
 from towerbench.model.devices import TowerDevices
 from towerbench.model.networks import build_network
+from towerbench.model.optimizers import build_optimizer
 from towerbench.model.schedules import StepSchedule, schedule_from_config
 from towerbench.model.towers import TowerTrainer
 from towerbench.speed.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES, synthetic_batch
@@ -36,16 +36,15 @@ def tower_step_runner(
         network = build_network(
             network_name, image_shape, NUM_CLASSES, config.seed, config.precision
         )
-    # The optimizer as model/training.py builds it: plain SGD on the epoch-counted LR schedule.
-    optimizer = keras.optimizers.SGD(
-        learning_rate=StepSchedule(schedule_from_config(config, global_batch), STEPS_PER_EPOCH)
-    )
+    # The configured optimizer, as model/training.py builds it, on the epoch-counted schedule.
+    at_batch = config.model_copy(update={"global_batch": global_batch})
+    learning_rate = StepSchedule(schedule_from_config(config, global_batch), STEPS_PER_EPOCH)
     trainer = TowerTrainer(
         network,
-        optimizer,
+        build_optimizer(at_batch, learning_rate),
         tower_devices,
         aggregation=config.aggregation,
-        weight_decay=config.weight_decay,
+        weight_decay=config.l2_weight_decay,
         ema_decay=config.ema_decay,
         jit_compile=config.xla,
         precision=config.precision,

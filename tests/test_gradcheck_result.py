@@ -29,6 +29,7 @@ KEYS = [
     "mirrored_vs_single",
     "mirrored_vs_mean",
     "ghost_vs_mean",
+    "updates_vs_single",
 ]
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from towerbench.config.optimizers import OPTIMIZERS
 from towerbench.core.errors import TowerbenchError
 from towerbench.model.devices import configure_tower_devices, plan_devices
 from towerbench.model.gradcheck import run_gradcheck
@@ -29,6 +30,18 @@ def test_averaged_towers_equal_one_device_and_sum_is_k_times_mean():
     assert result.sum_vs_mean.ratio == pytest.approx(towers, rel=1e-6)
     names = [item.variable for item in result.mean_vs_single.per_variable]
     assert "local3/kernel" in names and len(names) == 10
+
+
+def test_every_optimizer_updates_towers_and_one_device_alike():
+    """Three steps of each optimizer (their state included: momentum, Adam's moments, the
+    trust ratios of LARS and LAMB) leave k towers and one device with the same weights."""
+    result = run_gradcheck("tutorial", 2, global_batch=16, seed=3, optimizers=OPTIMIZERS)
+    checked = {check.optimizer: check for check in result.updates_vs_single}
+    assert list(checked) == list(OPTIMIZERS)
+    for name, check in checked.items():
+        assert check.steps == 3 and check.max_rel_diff <= 1e-5, (name, check)
+    assert result.passed
+    assert "After 3 steps of each optimizer" in result.explanation
 
 
 def test_per_tower_batchnorm_equals_ghost_batchnorm_not_global_batchnorm():

@@ -158,6 +158,7 @@ def test_bench_sets_our_step_against_keras_on_a_user_model(tmp_path):
     reference = _model_file(tmp_path, USER_MODEL)
     tiny = ["--image-shape", "8,8,1", "--quick", "--max-seconds", "0"]
     options = ["--model", reference, "--towers", "2", "--global-batch", "64", *tiny]
+    options += ["--optimizer", "adam"]  # both sides time the configured optimizer
     completed = subprocess.run(
         [sys.executable, "-m", "towerbench.cli.main", "bench", *options, "--json"],
         cwd=ROOT,
@@ -177,6 +178,7 @@ def test_bench_sets_our_step_against_keras_on_a_user_model(tmp_path):
     assert set(summary["vs_keras_mirrored"]) == {"1", "2"}
     assert all(figure["ratio"] > 0 for figure in summary["vs_keras_mirrored"].values())
     assert "Keras fit + MirroredStrategy, `net:build`, 2 tower(s)" in completed.stderr
+    assert summary["optimizer"] == "adam (beta_1 0.9, beta_2 0.999, epsilon 1e-07)"
 
 
 def test_bench_refuses_a_user_model_in_one_line_before_timing_it(tmp_path, capsys):

@@ -28,7 +28,7 @@ from towerbench.speed.results import BenchResults
 
 DEFAULT_REPORT = Path("docs/benchmarks.md")
 # The training settings given as options; the rest come from --params' train: section.
-BENCH_FIELDS = frozenset({"model", "towers", "global_batch", "precision", "xla"})
+BENCH_FIELDS = frozenset({"model", "towers", "global_batch", "precision", "xla", "optimizer"})
 # What only the comparison on your own model reads.
 USER_MODEL_ONLY = ("towers", "global_batch", "image_shape")
 DEFAULT_IMAGE_SHAPE = (24, 24, 3)  # the built-in workload's: CIFAR-10 after the tutorial's crop
@@ -112,7 +112,9 @@ def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, An
     from towerbench.speed.summary import speed_summary
 
     machine = describe_machine(devices)
+    optimizer = config.optimizer_hyperparameters().describe()
     _say(f"{settings.mode} run on {machine['tower_devices']} devices ({machine['cpu']})")
+    _say(f"optimizer in the timed steps: {optimizer}")
     flops = count_flops(config)
     _say("training steps (towerbench, Keras + MirroredStrategy) and matmul roofline")
     steps = measure_steps(devices, settings, config)
@@ -131,7 +133,7 @@ def run_all(settings, config: TrainConfig, work_dir: Path) -> tuple[dict[str, An
         preprocess=preprocess,
         orchestration=measure_orchestration_overhead(work_dir, settings),
     )
-    return speed_summary(results, machine, settings), results
+    return {**speed_summary(results, machine, settings), "optimizer": optimizer}, results
 
 
 def _image_shape(text: str) -> tuple[int, int, int]:
@@ -191,6 +193,7 @@ def run_user_model_bench(args: argparse.Namespace, config: TrainConfig, settings
     started = time.perf_counter()
     steps = measure_user_model(devices, settings, config, shape)
     summary = user_model_summary(steps, config, shape, machine)
+    summary["optimizer"] = config.optimizer_hyperparameters().describe()
     for row in user_model_rows(summary):
         print(f"{row.figure:<78} {row.target:>7} {row.measured:>9}")
     for line in step_lines(summary):

@@ -19,6 +19,7 @@ from towerbench.cli.options import (
 )
 from towerbench.config.load import Override, load
 from towerbench.config.model_ref import parse_model
+from towerbench.config.optimizers import OPTIMIZERS
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.core.outcome import Status
 from towerbench.model.cluster import TF_CONFIG, Cluster
@@ -238,6 +239,7 @@ def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
         cluster,
         config.precision,
         **images,
+        optimizers=OPTIMIZERS,
     )
     if result is None:  # a worker other than the chief: the chief reports
         return CommandResult(0, {})
@@ -290,3 +292,8 @@ def _print_comparisons(result: GradcheckResult, config: TrainConfig) -> None:
         f"sum_vs_mean: ratio {summed.ratio:.6f} (expected {config.towers}), "
         f"max rel diff from k x mean {summed.max_rel_diff_from_k_times_mean:.2e}"
     )
+    for check in result.updates_vs_single:
+        print(
+            f"updates_vs_single {check.optimizer:8s} (LR {check.learning_rate:g}, {check.steps} "
+            f"steps): weights max abs {check.max_abs_diff:.2e}, max rel {check.max_rel_diff:.2e}"
+        )

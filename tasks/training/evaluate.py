@@ -93,7 +93,13 @@ def log_evaluation(result: Any) -> None:
     if config.towers >= 2:
         # On one fixed synthetic batch of the same network, towers and global batch.
         check = run_gradcheck(
-            config.model, config.towers, config.global_batch, config.seed, None, config.precision
+            config.model,
+            config.towers,
+            config.global_batch,
+            config.seed,
+            None,
+            config.precision,
+            optimizers=(config.optimizer,),
         )
         if check is not None:  # None on a worker other than the chief
             mlflow.log_dict(check.to_json(), "gradcheck.json")
