@@ -18,7 +18,12 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from towerbench.config.model_ref import absolute_model, parse_model
-from towerbench.config.optimizers import DECOUPLED_WEIGHT_DECAY
+from towerbench.config.optimizers import (
+    ALL_HYPERPARAMETERS,
+    DECOUPLED_WEIGHT_DECAY,
+    DEFAULT_LEARNING_RATES,
+    HYPERPARAMETERS,
+)
 from towerbench.config.params import (
     Params,
     ReportConfig,
@@ -51,6 +56,8 @@ ARTIFACT_ROOT: Key = ("tracking", "artifact_root")
 PRESET: Key = ("sweep", "preset")
 TRAIN_MODEL: Key = ("train", "model")
 WEIGHT_DECAY: Key = ("train", "weight_decay")
+OPTIMIZER: Key = ("train", "optimizer")
+BASE_LR: Key = ("train", "base_lr")
 GRID_MODEL: Key = ("sweep", "grid", "model")
 
 
@@ -136,6 +143,7 @@ def load(
     given = {override.key for override in overrides}
     if TRACKING_URI in given and ARTIFACT_ROOT not in given:
         _section(raw, ("tracking",), params_path).pop("artifact_root", None)  # the old store's
+    _drop_settings_of_the_files_optimizer(raw, overrides, params_path)
     for override in overrides:
         _section(raw, override.key[:-1], params_path)[override.field] = override.value
     try:
@@ -146,6 +154,47 @@ def load(
     _refuse_weight_decay_of_a_user_model(params, params_path, given)
     file_dir = params_path.resolve().parent if params_path is not None else None
     return _absolute_locations(params, file_dir, given, resolve_tracking, params_path)
+
+
+def _drop_settings_of_the_files_optimizer(
+    raw: dict[str, Any], overrides: list[Override], params_path: Path | None
+) -> None:
+    """An optimizer given on the command line (or a form) replaces the file's together with what
+    the file tuned for it and the new one cannot use: a base_lr of another scale (the SGD
+    family's against an adaptive optimizer's, or LARS') and hyperparameters it does not read.
+    Each dropped setting is named on stderr."""
+    chosen = next((o for o in overrides if o.key == OPTIMIZER), None)
+    train = raw.get("train")
+    if chosen is None or not isinstance(train, dict) or _files_optimizer(train) == chosen.value:
+        return
+    given = {override.key for override in overrides}
+    dropped = [
+        name
+        for name in sorted(ALL_HYPERPARAMETERS - HYPERPARAMETERS.get(chosen.value, frozenset()))
+        if name in train and ("train", name) not in given
+    ]
+    old = _files_optimizer(train)
+    if "base_lr" in train and BASE_LR not in given:
+        if DEFAULT_LEARNING_RATES.get(old) != DEFAULT_LEARNING_RATES.get(chosen.value):
+            dropped.insert(0, "base_lr")
+    for name in dropped:
+        train.pop(name)
+    if dropped:
+        settings = ", ".join(f"train.{name}" for name in dropped)
+        print(
+            f"{chosen.option} {chosen.value}: {params_path}'s {settings} (set for {old}) "
+            f"left out; {chosen.value} takes its own defaults",
+            file=sys.stderr,
+        )
+
+
+def _files_optimizer(train: dict[str, Any]) -> str:
+    """The optimizer the file's `train:` trains with, its dataset's or model's preset included."""
+    chosen = {key: train[key] for key in ("model", "dataset", "optimizer") if key in train}
+    try:
+        return TrainConfig.model_validate(chosen).optimizer
+    except ValidationError:  # the whole section is validated, and refused by name, later
+        return str(train.get("optimizer", TrainConfig.model_fields["optimizer"].default))
 
 
 def _refuse_weight_decay_of_a_user_model(

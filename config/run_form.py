@@ -63,6 +63,11 @@ def model_override(model: str | None, params_path: Path | None) -> list[Override
         raise TowerbenchError(f"model: {error}") from None
 
 
+def optimizer_override(optimizer: str | None) -> list[Override]:
+    """The form's optimizer (empty: the params file's) as an override."""
+    return [] if optimizer is None else [Override(TrainConfig, "optimizer", optimizer, "optimizer")]
+
+
 def form_parameters(params: Params, params_path: Path) -> dict[str, Any]:
     """The form's values for `params` (the deployment's defaults), as JSON."""
     dataset = params.fetch.model_dump(mode="json", include=set(DATASET_FIELDS))

@@ -23,8 +23,9 @@ from towerbench.config.advise import (
     verification_grid,
 )
 from towerbench.config.load import load, override_at
+from towerbench.config.optimizers import OptimizerName
 from towerbench.config.params import Params, SweepGrid
-from towerbench.config.run_form import model_override
+from towerbench.config.run_form import model_override, optimizer_override
 from towerbench.config.sections import TrainConfig
 from towerbench.flows.sweep import plan_sweep, run_sweep
 from towerbench.tasks.advise.advice import (
@@ -127,6 +128,7 @@ def advise_params(params: Params, advice: AdviseConfig, fresh: bool = False) -> 
 def advise(
     advice: AdviseConfig,
     model: str | None = None,
+    optimizer: OptimizerName | None = None,
     dataset: str | None = None,
     params_file: str | None = "params.yaml",
     advanced: dict[str, Any] | None = None,
@@ -140,13 +142,15 @@ def advise(
         model: The network; empty: the params file's. A built-in name (tutorial, tutorial_bn,
             resnet20) or your own, path/to/file.py:function (relative to the params file's
             folder) or package.module:function.
+        optimizer: The optimizer; empty: the params file's. Another one leaves out the file's
+            base_lr tuned for its own (and the hyperparameters it does not read).
         dataset: The preprocessed dataset; default: the params file's.
         params_file: The params.yaml every other setting comes from (none: the defaults).
         advanced: Any other setting, keyed as in params.yaml, e.g. {"train.base_lr": 0.05}.
         fresh: Verify anew even if an identical verification was interrupted (default: resume).
     """
     path = Path(params_file) if params_file else None
-    overrides = model_override(model, path)
+    overrides = model_override(model, path) + optimizer_override(optimizer)
     if dataset is not None:
         overrides.append(override_at("train.dataset", dataset, "dataset"))
     overrides += [override_at(key, value, key) for key, value in (advanced or {}).items()]

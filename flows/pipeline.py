@@ -8,12 +8,14 @@ from typing import Any
 from prefect import flow
 
 from towerbench.config.load import load
+from towerbench.config.optimizers import OptimizerName
 from towerbench.config.params import Params
 from towerbench.config.run_form import (
     DatasetChoice,
     SweepChoice,
     form_overrides,
     model_override,
+    optimizer_override,
 )
 from towerbench.config.sections import TrainConfig, dataset_name, one_value
 from towerbench.core.errors import TowerbenchError
@@ -61,6 +63,7 @@ def pipeline(
     sweep: SweepChoice = SweepChoice(),  # type: ignore[valid-type]  # noqa: B008
     epochs: Epochs = TrainConfig.model_fields["epochs"].default,  # type: ignore[valid-type]
     model: str | None = None,
+    optimizer: OptimizerName | None = None,
     advanced: dict[str, Any] | None = None,
     params_file: str = "params.yaml",
     fresh: bool = False,
@@ -75,6 +78,8 @@ def pipeline(
         model: The network; empty: the params file's. A built-in name (tutorial, tutorial_bn,
             resnet20) or your own, path/to/file.py:function (relative to the params file's
             folder) or package.module:function.
+        optimizer: The optimizer; empty: the params file's. Another one leaves out the file's
+            base_lr tuned for its own (and the hyperparameters it does not read).
         advanced: Any other setting, keyed as in params.yaml, e.g. {"train.base_lr": 0.05}.
         params_file: The params.yaml every other setting comes from.
         fresh: Start anew even if an identical sweep was interrupted (default: resume it).
@@ -82,6 +87,6 @@ def pipeline(
     one_line_user_errors()
     path = Path(params_file)
     in_file = load(path, resolve_tracking=False)
-    overrides = model_override(model, path)
+    overrides = model_override(model, path) + optimizer_override(optimizer)
     overrides += form_overrides(dataset, sweep, epochs, advanced or {}, in_file.fetch)
     return run_pipeline(load(path, overrides), path.resolve().parent, "pipeline", fresh)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import keras
 
 from towerbench.config.sections import TrainConfig
+from towerbench.core.errors import TowerbenchError
 from towerbench.model.lars import LARS
 
 # Each optimizer's class; its hyperparameters' names are the class's keyword arguments.
@@ -19,6 +20,21 @@ OPTIMIZER_CLASSES: dict[str, type[keras.optimizers.Optimizer]] = {
     "rmsprop": keras.optimizers.RMSprop,
     "lamb": keras.optimizers.Lamb,
 }
+
+
+def check_weight_decay_once(model: keras.Model, config: TrainConfig) -> None:
+    """Refuse a model whose own regularizers add L2 to the loss beside an optimizer that decays
+    the weights itself (adamw, lamb, lars with weight_decay > 0): they would decay twice."""
+    if config.l2_weight_decay or not config.weight_decay:
+        return
+    regularized = [v.path for v in model.trainable_variables if getattr(v, "regularizer", None)]
+    if regularized:
+        raise TowerbenchError(
+            f"{config.model}: --optimizer {config.optimizer} decays the weights itself (weight "
+            f"decay {config.weight_decay:g}) and the model's regularizers ({regularized[0]}"
+            f"{', ...' if len(regularized) > 1 else ''}) add L2 to the loss: they would decay "
+            "twice; set --weight-decay 0 to keep the regularizers, or remove them"
+        )
 
 
 def build_optimizer(

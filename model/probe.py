@@ -161,7 +161,7 @@ class _Session:
         from towerbench.model.devices import TowerDevices
         from towerbench.model.input_pipeline import network_input_shape
         from towerbench.model.networks import build_network
-        from towerbench.model.optimizers import build_optimizer
+        from towerbench.model.optimizers import build_optimizer, check_weight_decay_once
         from towerbench.model.towers import TowerTrainer
 
         config = self.config
@@ -178,6 +178,7 @@ class _Session:
         if not on_first_device:  # the K-tower batch: the family's rule sets the hyperparameters
             batch = config.global_batch * towers
             config = config.model_copy(update={"global_batch": batch, "lr_scaling": "sqrt"})
+        check_weight_decay_once(network.model, config)
         optimizer = build_optimizer(config, learning_rate)
         devices = TowerDevices(
             devices=self.device.devices[:1] * towers if on_first_device else self.device.devices,

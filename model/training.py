@@ -185,7 +185,7 @@ def _tower_trainer(
 
     from towerbench.model.input_pipeline import network_input_shape
     from towerbench.model.networks import build_network
-    from towerbench.model.optimizers import build_optimizer
+    from towerbench.model.optimizers import build_optimizer, check_weight_decay_once
     from towerbench.model.towers import TowerTrainer
 
     keras.utils.set_random_seed(config.seed)
@@ -194,6 +194,7 @@ def _tower_trainer(
         network = build_network(
             config.model, input_shape, len(manifest.classes), config.seed, config.precision
         )
+    check_weight_decay_once(network.model, config)
     rate = _learning_rate(config, manifest, plan, devices)
     trainer = TowerTrainer(
         network,

@@ -204,6 +204,7 @@ def test_advise_without_verification_probes_chooses_and_keeps_the_recipe(
     assert lines[0].startswith("probe (") and "noise scale " in lines[0]
     assert lines[1].startswith("largest stable LR at batch 64: ")
     assert [line.split(":")[0] for line in lines[2:]] == [
+        "optimizer",
         "scaling",
         "warmup epochs",
         "budget",
@@ -216,6 +217,25 @@ def test_advise_without_verification_probes_chooses_and_keeps_the_recipe(
     assert "largest_stable_lr" in run.data.metrics
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
     assert artifacts == {"recipe.txt", Path(document["params_file"]).name}
+
+
+@pytest.mark.slow
+def test_advise_for_adam_chooses_a_rule_that_fits_it(project: Path, tmp_path: Path) -> None:
+    """The params file's momentum LR is left out for Adam's own; the probe tries the base LR
+    and sqrt's only; the recipe is the square-root rule or AdamScale, with Adam's betas and
+    epsilon as the 2-tower run uses them, in the JSON and in advise-<id>.yaml."""
+    options = ["--no-verify", "--optimizer", "adam", "--probe-steps", "40"]
+    document, stderr, _ = _advise(project, tmp_path, *options)
+    assert "--optimizer adam: " in stderr and "train.base_lr (set for momentum) left out" in stderr
+    trials = [trial["learning_rate"] for trial in document["probe"]["trials"]]
+    assert trials[0] == 0.001 and all(lr <= 0.001 * 2**0.5 * 1.0001 for lr in trials)
+    recipe = document["recipe"]
+    assert recipe["lr_scaling"]["value"] in ("sqrt", "adascale", "none")
+    values = recipe["optimizer"]["hyperparameters"]
+    assert recipe["optimizer"]["value"] == "adam" and set(values) == {"beta_1", "beta_2", "epsilon"}
+    if recipe["lr_scaling"]["value"] == "sqrt":  # kappa = 2
+        assert values == pytest.approx({"beta_1": 0.8, "beta_2": 0.998, "epsilon": 1e-7 / 2**0.5})
+    assert load(Path(document["params_file"])).train.optimizer == "adam"
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 from towerbench.cli.commands.orchestrate import sweep_run_from_args
 from towerbench.cli.main import build_parser
 from towerbench.config.grid import expand, run_name
-from towerbench.config.load import load
+from towerbench.config.load import Override, load
 from towerbench.config.params import SweepGrid, TrackingConfig
 from towerbench.config.sections import TrainConfig
 from towerbench.config.tracking_uri import resolve_tracking
@@ -200,3 +200,23 @@ def test_a_sweep_preset_is_the_experiment_and_options_still_win(tmp_path: Path) 
         ("tutorial_bn", "nesterov", "linear", 1),
         ("tutorial_bn", "nesterov", "linear", 4),
     ]
+
+
+def test_another_optimizer_on_the_command_line_drops_what_the_file_tuned(tmp_path, capsys):
+    """The file's momentum and its LR are tuned for momentum: --optimizer adam takes Adam's
+    default LR and no momentum, and says which of the file's settings it left out."""
+    path = tmp_path / "params.yaml"
+    path.write_text("train:\n  optimizer: momentum\n  base_lr: 0.02\n  momentum: 0.95\n")
+    adam = load(path, [Override(TrainConfig, "optimizer", "adam", "--optimizer")]).train
+    assert (adam.optimizer, adam.base_lr) == ("adam", 0.001)
+    assert capsys.readouterr().err == (
+        f"--optimizer adam: {path}'s train.base_lr, train.momentum (set for momentum) left "
+        "out; adam takes its own defaults\n"
+    )
+    nesterov = load(path, [Override(TrainConfig, "optimizer", "nesterov", "--optimizer")]).train
+    assert (nesterov.base_lr, nesterov.momentum) == (0.02, 0.95)  # the same family keeps both
+    given_lr = [
+        Override(TrainConfig, "optimizer", "adam", "--optimizer"),
+        Override(TrainConfig, "base_lr", 0.003, "--base-lr"),
+    ]
+    assert load(path, given_lr).train.base_lr == 0.003

@@ -133,16 +133,19 @@ def test_the_run_form_asks_each_setting_once(served_project) -> None:
         "sweep",
         "epochs",
         "model",
+        "optimizer",
         "advanced",
         "params_file",
         "fresh",
     ]
     model = schema["properties"]["model"]  # a text field, with the reference's forms as help
     assert {"type": "string"} in model["anyOf"] and "file.py:function" in model["description"]
+    optimizer = schema["properties"]["optimizer"]  # a choice of the eight, or the file's
+    assert "lamb" in str(optimizer) and optimizer.get("default") is None
     names = [
         field for group in schema["definitions"].values() for field in group.get("properties", {})
     ] + list(schema["properties"])
-    assert len(names) == len(set(names)) == 17, names  # 3 dataset + 7 sweep + 7 fields
+    assert len(names) == len(set(names)) == 18, names  # 3 dataset + 7 sweep + 8 fields
     assert all("<" not in str(group) for group in schema["definitions"].values())
     assert deployment.parameters["params_file"] == str(project / "params.yaml")
     assert deployment.parameters["sweep"]["towers"] == [2]  # params.yaml's values
@@ -160,6 +163,7 @@ def test_the_advise_form_is_short_and_bounded(served_project) -> None:
     assert list(schema["properties"]) == [
         "advice",
         "model",
+        "optimizer",
         "dataset",
         "params_file",
         "advanced",

@@ -435,3 +435,21 @@ def test_weight_decay_set_beside_a_user_model_is_refused_in_one_line(tmp_path, c
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "--weight-decay: applies to the built-in" in error
     assert "kernel_regularizer" in error
+
+
+@pytest.mark.slow
+def test_adamw_beside_a_models_regularizers_is_refused_as_double_weight_decay(tmp_path, capsys):
+    """adamw decays the weights itself: with a model whose layers add L2 to the loss, the
+    weights would decay twice. --weight-decay 0 keeps the model's own and trains."""
+    data_dir = fixtures_model.write_digits(tmp_path / "data", train=64, test=16)
+    path = _model_file(tmp_path, REGULARIZED)
+    command = ["train", "--model", f"{path}:build", "--optimizer", "adamw", "--dataset", "digits"]
+    command += ["--global-batch", "16", "--epochs", "1", "--data-dir", str(data_dir)]
+    assert main(command) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [
+        f"towerbench train: error: {path}:build: --optimizer adamw decays the weights itself "
+        "(weight decay 0.004) and the model's regularizers (hidden/kernel) add L2 to the loss: "
+        "they would decay twice; set --weight-decay 0 to keep the regularizers, or remove them"
+    ]
+    assert main([*command, "--weight-decay", "0"]) == 0

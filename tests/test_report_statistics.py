@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -361,3 +362,22 @@ def test_the_noise_figure_is_drawn_when_a_run_measured_the_noise_scale(tmp_path)
     assert (tmp_path / "both" / "noise_scale_vs_epoch.png").stat().st_size > 0
     (tmp_path / "one").mkdir()
     assert "noise_scale_vs_epoch.png" not in report_figures([one], tmp_path / "one")
+
+
+def test_an_adaptive_optimizer_scaled_linearly_is_told_its_rule_and_what_it_measured() -> None:
+    def adam(record, optimizer: str = "adam"):
+        config = record.config.model_copy(update={"optimizer": optimizer})
+        return dataclasses.replace(record, config=config)
+
+    records = [adam(_record(1, "none", s, a)) for s, a in enumerate([0.86, 0.862])]
+    records += [adam(_record(4, "linear", s, a)) for s, a in enumerate([0.80, 0.81])]
+    records += [adam(_record(4, "sqrt", s, a)) for s, a in enumerate([0.85, 0.86])]
+    rows, _ = compare(records, [], None)
+    by_group = {row.group: row for row in rows}
+    note = by_group["towers=4 lr=linear"].notes[0]
+    assert note.startswith("adam is adaptive: its rule is sqrt, which also moves its betas")
+    assert "(measured: `towers=4 lr=sqrt` -0.6 pp, p=0.44)" in note
+    assert not any("adaptive" in other for other in by_group["towers=4 lr=sqrt"].notes)
+    momentum = [adam(record, "momentum") for record in records]
+    notes = [note for row in compare(momentum, [], None)[0] for note in row.notes]
+    assert notes and not any("adaptive" in note for note in notes)

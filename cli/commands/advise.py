@@ -23,7 +23,7 @@ from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.core.errors import TowerbenchError, describe_validation_error
 from towerbench.core.tfrecord_format import MANIFEST_NAME, dataset_dir
 
-CHOSEN = frozenset({"model", "dataset"})  # what advise takes from train: on the command line
+CHOSEN = frozenset({"model", "dataset", "optimizer"})  # what advise takes from train: here
 
 
 def advice_from_args(args: argparse.Namespace) -> AdviseConfig:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from towerbench.config.optimizers import family
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import Status
 from towerbench.model.noise_advice import EPOCHS_TOLERANCE, epochs_needed
@@ -279,6 +280,24 @@ def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> s
     return f"{prefix}: {_prefix_with_remedy(text, row, rows)}"
 
 
+def _adaptive_rule_note(row: GroupRow, rows: list[GroupRow]) -> str | None:
+    """For an adaptive optimizer scaled linearly (or not at all, at a larger batch): the rule
+    that fits it, and what the sweep measured of it."""
+    config = row.config
+    larger = config.global_batch > config.reference_batch
+    if family(config.optimizer) != "adaptive" or not larger:
+        return None
+    if config.lr_scaling not in ("linear", "none"):
+        return None
+    return _advice(
+        f"{config.optimizer} is adaptive: its rule is sqrt, which also moves its betas and "
+        "epsilon (Malladi et al. 2022), or adascale's gain to the power 1/2",
+        row,
+        rows,
+        lambda c: c.optimizer == config.optimizer and c.lr_scaling in ("sqrt", "adascale"),
+    )
+
+
 def compare(
     runs: list[RunRecord], swept: list[str], target_accuracy: float | None
 ) -> tuple[list[GroupRow], float | None]:
@@ -288,6 +307,9 @@ def compare(
     for row in rows:
         baseline = by_group.get(row.baseline_group or "")
         row.verdict = verdict(row, baseline, rows)
+        rule_note = _adaptive_rule_note(row, rows)
+        if rule_note is not None:
+            row.notes.append(rule_note)
         if baseline is None or row.is_baseline or row.unstable or not row.accuracy.count:
             continue
         note = _noise_advice(row, baseline, rows)

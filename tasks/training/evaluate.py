@@ -99,7 +99,6 @@ def log_evaluation(result: Any) -> None:
             config.seed,
             None,
             config.precision,
-            optimizers=(config.optimizer,),
         )
         if check is not None:  # None on a worker other than the chief
             mlflow.log_dict(check.to_json(), "gradcheck.json")
