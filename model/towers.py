@@ -198,7 +198,7 @@ class TowerTrainer:
             model_loss_sum = tf.add_n(list(tower_model_losses))
             correct = tf.add_n(list(tower_correct))
             small_sum = tf.add_n([_squared_norm(list(g)) for g in tower_gradients])
-            if self.loss_scale.dynamic:  # exact: the scale is a power of 2
+            if scale is not None:  # dynamic loss scaling; exact: the scale is a power of 2
                 summed = [gradient / scale for gradient in summed]
                 small_sum = small_sum / (scale * scale)
             if self.cluster.workers > 1:

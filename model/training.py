@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -294,9 +294,10 @@ def _at_end(run: _Run) -> bool:
     that could bring tau to its budget: tau is read (a wait for the device) only there."""
     if run.step < run.total_steps:
         return False
-    if run.budget is None:
+    adascale = run.trainer.adascale
+    if run.budget is None or adascale is None:
         return True
-    left = run.budget.steps_left(run.trainer.adascale.read().tau)
+    left = run.budget.steps_left(adascale.read().tau)
     run.total_steps = run.step + left
     return left == 0
 
@@ -337,9 +338,9 @@ def _train_one_epoch(run: _Run, on_progress: ProgressCallback | None) -> EpochRe
     for images, labels in batches:
         run.clock.step(run.trainer.step, images, labels)
         run.step += 1
-        checkpoint_due = run.checkpoints is not None and run.checkpoints.due(run.step)
-        if checkpoint_due and run.step % run.plan.steps:  # at an epoch's end: after its record
-            run.checkpoints.save(run.step, run.history)
+        checkpoints = run.checkpoints
+        if checkpoints is not None and checkpoints.due(run.step) and run.step % run.plan.steps:
+            checkpoints.save(run.step, run.history)  # at an epoch's end: after its record
         if _at_end(run):
             break
         now = time.perf_counter()
@@ -363,7 +364,7 @@ def _diverged(run: _Run) -> bool:
     return diverged(cross_entropy, total_loss, run.classes, run.config.divergence_factor)
 
 
-def _progress(run: _Run) -> dict[str, float]:
+def _progress(run: _Run) -> dict[str, Any]:
     """Where training is and its running metrics: the live progress and the epoch record's start."""
     lr = run.schedule(run.epoch) if run.adascale_schedule is None else run.adascale_schedule(None)
     return {
@@ -403,7 +404,7 @@ def _evaluation_due(run: _Run) -> bool:
     return due or _at_end(run) or run.status != Status.COMPLETED
 
 
-def _test_metrics(run: _Run) -> dict[str, float]:
+def _test_metrics(run: _Run) -> dict[str, Any]:
     """Test accuracy and cross-entropy of the raw weights, test accuracy of their average."""
     from towerbench.model.evaluation import accuracy
 

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import httpx
 
@@ -57,7 +58,7 @@ def serve(params: Params, params_path: Path) -> None:
             "or `prefect server start`, then set PREFECT_API_URL=http://127.0.0.1:4200/api"
         )
     from prefect import serve as prefect_serve
-    from prefect.deployments.runner import EntrypointType
+    from prefect.deployments.runner import EntrypointType, RunnerDeployment
     from prefect.schedules import Cron
 
     from towerbench.config.run_form import form_parameters
@@ -92,8 +93,10 @@ def serve(params: Params, params_path: Path) -> None:
         f"tower against K. Settings the form does not show come from `{params_path.resolve()}`.",
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
-    # Polling every 2 s (Prefect's default: 10) starts a run soon after the Run button.
-    prefect_serve(on_demand, scheduled, advisor, pause_on_shutdown=False, query_seconds=2)
+    # Polling every 2 s (Prefect's default: 10) starts a run soon after the Run button. Prefect
+    # types to_deployment as maybe returning a coroutine (its async twin); here it does not.
+    deployments = cast(list[RunnerDeployment], [on_demand, scheduled, advisor])
+    prefect_serve(*deployments, pause_on_shutdown=False, query_seconds=2)
 
 
 def _port_free(port: int) -> bool:
@@ -121,7 +124,7 @@ def tool(name: str) -> str:
     return str(candidate) if candidate.exists() else (shutil.which(name) or name)
 
 
-def _start(command: list[str], environment: dict[str, str]) -> subprocess.Popen:
+def _start(command: list[str], environment: dict[str, str]) -> subprocess.Popen[str]:
     """A child in its own session (Ctrl-C reaches only us; we stop it in order), its output
     piped to us line by line."""
     return subprocess.Popen(
@@ -160,11 +163,12 @@ class _Children:
 
     def start(
         self, name: str, command: list[str], environment: dict[str, str], everything: bool = False
-    ) -> subprocess.Popen:
+    ) -> subprocess.Popen[str]:
         """`command` started, its output relayed under `name` (`everything`: all its stderr)."""
         process = _start(command, environment)
         self.processes.append(process)
         self.reaper.watch(process)
+        assert process.stdout is not None and process.stderr is not None  # both piped
         self.relay.follow(name, process.stdout)
         self.relay.follow(name, process.stderr, everything=everything)
         return process
