@@ -72,13 +72,28 @@ class _Killed(Exception):
     pass
 
 
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        {},  # the digits preset's momentum
+        # Adam's moments and step count, under the square-root rule's betas and epsilon.
+        {"optimizer": "adam", "lr_scaling": "sqrt", "reference_batch": 32},
+    ],
+    ids=["momentum", "adam"],
+)
 def test_resumed_run_ends_with_the_same_weights_as_an_uninterrupted_one(
-    data_dir, tmp_path, monkeypatch
+    data_dir, tmp_path, monkeypatch, optimizer
 ):
     monkeypatch.setattr(training, "PROGRESS_SECONDS", 0.0)  # progress after every step
     # 600 examples in batches of 64: 10 steps per epoch (the last one has 24 examples).
     config = TrainConfig(
-        dataset="digits", towers=2, global_batch=64, epochs=2, checkpoint_every=5, seed=5
+        dataset="digits",
+        towers=2,
+        global_batch=64,
+        epochs=2,
+        checkpoint_every=5,
+        seed=5,
+        **optimizer,
     )
     uninterrupted = training.train(config, data_dir)
 

@@ -1,9 +1,9 @@
-"""Every optimizer trains the digits with 1 and 2 towers, and an Adam run resumes exactly."""
+"""Every optimizer trains the digits with 1 and 2 towers (an Adam run resumes exactly:
+test_model_training.py)."""
 
 from __future__ import annotations
 
 import fixtures_model
-import numpy as np
 import pytest
 
 from towerbench.config.optimizers import OPTIMIZERS
@@ -47,39 +47,3 @@ def test_every_optimizer_learns_the_digits(data_dir, optimizer: str, towers: int
     result = training.train(config, data_dir)
     assert result.status == "completed"
     assert result.final.test_accuracy > 0.3, (optimizer, result.final.test_accuracy)  # chance 0.1
-
-
-class _Killed(Exception):
-    pass
-
-
-def test_a_resumed_adam_run_ends_with_the_weights_of_an_uninterrupted_one(
-    data_dir, tmp_path, monkeypatch
-):
-    """Adam's moments and step count are restored bit for bit from the checkpoint."""
-    monkeypatch.setattr(training, "PROGRESS_SECONDS", 0.0)  # progress after every step
-    config = TrainConfig(
-        dataset="digits",
-        optimizer="adam",
-        towers=2,
-        global_batch=64,
-        epochs=2,
-        checkpoint_every=5,
-        seed=5,
-        lr_scaling="sqrt",
-        reference_batch=32,  # the square-root rule's betas and epsilon in the checkpoint too
-    )
-    uninterrupted = training.train(config, data_dir)
-
-    def kill_at_step_12(metrics):
-        if metrics["step"] == 12:
-            raise _Killed
-
-    with pytest.raises(_Killed):
-        training.train(config, data_dir, tmp_path / "ckpt", on_progress=kill_at_step_12)
-    resumed = training.train(config, data_dir, tmp_path / "ckpt")
-    assert resumed.final.steps == uninterrupted.final.steps == 20
-    for after_resume, straight in zip(
-        resumed.model.get_weights(), uninterrupted.model.get_weights(), strict=True
-    ):
-        np.testing.assert_array_equal(after_resume, straight)
