@@ -94,7 +94,9 @@ def expand(train: TrainConfig, sweep: SweepGrid) -> list[TrainConfig]:
     axes.update({name: getattr(sweep.grid, name) for name in swept_fields(sweep)})
     if sweep.per_tower_batch is not None and "global_batch" in axes:
         raise TowerbenchError("sweep: give either per_tower_batch or grid.global_batch, not both")
-    base = train.model_dump()
+    # The values given, not those presets filled in: each run's model, dataset and optimizer
+    # bring their own presets (an adaptive optimizer its own LR).
+    base = train.model_dump(exclude_unset=True)
     runs: list[TrainConfig] = []
     seen: set[str] = set()
     for combination in itertools.product(*axes.values()):

@@ -26,12 +26,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from towerbench.config.model_ref import BUILTIN_MODELS
+from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.model.cluster import Cluster, join
 from towerbench.model.devices import TowerDevices, configure_tower_devices, split_tower_devices
 from towerbench.model.precision import Precision
 
 GRADCHECK_LR = 0.1
+ONE_SGD_STEP = TrainConfig(optimizer="sgd", dataset="gradcheck")  # the ways' one step
 NUM_CLASSES = 10
 INPUT_SHAPES = {"tutorial": (24, 24, 3), "tutorial_bn": (24, 24, 3), "resnet20": (32, 32, 3)}
 USER_INPUT_SHAPE = (32, 32, 3)  # a user's network unless another shape is given
@@ -248,16 +250,16 @@ def _tower_run(
 ) -> Way:
     """(data gradients, weights after one step) of the tower trainer (of every worker's, whose
     problem holds its slice of the batch, in a cluster)."""
-    import keras
     import tensorflow as tf
 
+    from towerbench.model.optimizers import build_optimizer
     from towerbench.model.towers import TowerTrainer
 
     with tf.device(devices.parameter_device):
         network = problem.network()
     trainer = TowerTrainer(
         network,
-        keras.optimizers.SGD(GRADCHECK_LR),
+        build_optimizer(ONE_SGD_STEP, GRADCHECK_LR),
         devices,
         aggregation,
         problem.weight_decay,
@@ -273,7 +275,6 @@ def _tower_run(
 
 def _update_config(problem: _Problem, optimizer: str):
     """`optimizer` with its defaults (no dataset preset) on the problem's network."""
-    from towerbench.config.sections import TrainConfig
 
     return TrainConfig(
         model=problem.model, dataset="gradcheck", optimizer=optimizer, precision=problem.precision
@@ -354,8 +355,9 @@ def _ghost_run(problem: _Problem, device: str, towers: int) -> Way:
 
 def _mirrored_run(problem: _Problem, devices: TowerDevices) -> Way:
     """The same with MirroredStrategy: per-replica loss = sum / global batch, gradients summed."""
-    import keras
     import tensorflow as tf
+
+    from towerbench.model.optimizers import build_optimizer
 
     # Reducing on the parameter device (rather than collectives, the CPU default) lets several
     # strategies over different device sets live in one process.
@@ -368,7 +370,7 @@ def _mirrored_run(problem: _Problem, devices: TowerDevices) -> Way:
     towers = len(devices.devices)
     with strategy.scope():
         network = problem.network()
-        optimizer = keras.optimizers.SGD(GRADCHECK_LR)
+        optimizer = build_optimizer(ONE_SGD_STEP, GRADCHECK_LR)
         optimizer.build(network.model.trainable_variables)
     variables = network.model.trainable_variables
 
@@ -514,7 +516,6 @@ def _problem(
     import keras
     import tensorflow as tf
 
-    from towerbench.config.sections import TrainConfig
     from towerbench.model.networks import build_network
 
     weight_decay = TrainConfig(model=model, dataset="gradcheck").weight_decay

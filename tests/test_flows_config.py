@@ -220,3 +220,13 @@ def test_another_optimizer_on_the_command_line_drops_what_the_file_tuned(tmp_pat
         Override(TrainConfig, "base_lr", 0.003, "--base-lr"),
     ]
     assert load(path, given_lr).train.base_lr == 0.003
+
+
+def test_the_optimizer_is_a_sweep_axis() -> None:
+    """`--optimizer adam,momentum` sweeps both; each run keeps its own optimizer's defaults."""
+    args = build_parser().parse_args(["sweep", "--towers", "1", "--optimizer", "adam,momentum"])
+    params = sweep_run_from_args(args)
+    assert params.sweep.grid.optimizer == ["adam", "momentum"]
+    runs = expand(params.train, params.sweep)
+    # Adam's default LR; momentum keeps the digits preset's 0.05, tuned for it.
+    assert {(run.optimizer, run.base_lr) for run in runs} == {("adam", 0.001), ("momentum", 0.05)}
