@@ -79,3 +79,21 @@ def write_atomically(path: Path, data: bytes) -> None:
         except BaseException:
             Path(temp_name).unlink(missing_ok=True)
             raise
+
+
+@contextlib.contextmanager
+def no_new_empty_folders(path: Path) -> Iterator[None]:
+    """On an exception inside, remove the folders on the way to `path` that did not exist
+    before and are empty: a failed fetch or preprocess leaves the data folder as it was."""
+    missing = [folder for folder in (path, *path.parents) if not os.path.lexists(folder)]
+    try:
+        yield
+    except BaseException:
+        for folder in missing:  # the deepest first
+            try:
+                folder.rmdir()
+            except FileNotFoundError:
+                continue  # removed already
+            except OSError:
+                break  # not empty: it and its parents stay
+        raise

@@ -15,7 +15,7 @@ from typing import Any
 from towerbench.config.names import name_problem
 from towerbench.config.sections import FetchConfig, PreprocessConfig, dataset_name
 from towerbench.core.errors import TowerbenchError
-from towerbench.core.files import replace_folder, space_errors
+from towerbench.core.files import no_new_empty_folders, replace_folder, space_errors
 from towerbench.core.tfrecord_format import Manifest, dataset_dir
 from towerbench.ingest.base import Source
 from towerbench.ingest.cifar import CIFAR10, CIFAR100, CifarSource
@@ -55,16 +55,17 @@ def fetch(config: FetchConfig, data_dir: Path) -> Path:
     """
     source = source_for(config.source)
     folder = raw_dir(data_dir, dataset_name(config))
-    staging = ensure_writable(staging_dir(folder))
-    try:
-        with space_errors(folder, what="the fetched dataset"):
-            link_previous(folder, staging)
-            record = source.fetch(config, staging)
-            write_source_record(staging, record)
-            replace_folder(staging, folder)
-    except BaseException:
-        discard_staging(staging)
-        raise
+    with no_new_empty_folders(staging_dir(folder)):
+        staging = ensure_writable(staging_dir(folder))
+        try:
+            with space_errors(folder, what="the fetched dataset"):
+                link_previous(folder, staging)
+                record = source.fetch(config, staging)
+                write_source_record(staging, record)
+                replace_folder(staging, folder)
+        except BaseException:
+            discard_staging(staging)
+            raise
     return folder
 
 
@@ -87,6 +88,9 @@ def preprocess(name: str, config: PreprocessConfig, data_dir: Path) -> Manifest:
     record = fetched_record(name, data_dir)
     folder = raw_dir(data_dir, name)
     out_dir = dataset_dir(data_dir, name)
-    ensure_writable(out_dir.parent)
-    loaded = source_for(record["source"]).load(folder, record, config)
-    return write_dataset(out_dir, name, loaded.classes, loaded.splits, config.shards, loaded.source)
+    with no_new_empty_folders(out_dir):
+        ensure_writable(out_dir.parent)
+        loaded = source_for(record["source"]).load(folder, record, config)
+        return write_dataset(
+            out_dir, name, loaded.classes, loaded.splits, config.shards, loaded.source
+        )

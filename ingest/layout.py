@@ -9,6 +9,7 @@ swaps it in when complete; between fetches that folder only ever holds a partial
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -58,11 +59,8 @@ def discard_staging(staging: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
         elif not path.name.endswith(PARTIAL_SUFFIX):
             path.unlink(missing_ok=True)
-    for empty in (staging, staging.parent):  # DATA_DIR/raw/ too, if this fetch was its first
-        try:
-            empty.rmdir()
-        except OSError:
-            return
+    with contextlib.suppress(OSError):  # kept while a partial download is in it
+        staging.rmdir()
 
 
 def ensure_writable(folder: Path) -> Path:

@@ -214,8 +214,8 @@ def _serve_until_it_exits(
     if served.poll() is None:
         schedule = f"{params.nightly.cron} {params.nightly.timezone}"
         children.relay.say(
-            f"Deployments  {PIPELINE_DEPLOYMENT} (Run in the Prefect UI), "
-            f"{NIGHTLY_DEPLOYMENT} ({schedule})"
+            f"Deployments  {PIPELINE_DEPLOYMENT} and {ADVISE_DEPLOYMENT} (Run in the Prefect "
+            f"UI), {NIGHTLY_DEPLOYMENT} ({schedule})"
         )
     return served.wait()
 

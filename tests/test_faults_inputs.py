@@ -99,8 +99,9 @@ def _fetch_folder(folder: Path, data: Path) -> list[str]:
 
 
 def _nothing_published(data: Path) -> bool:
-    """No raw dataset, no staging folder, nothing half-copied."""
-    return not (data / "raw").exists() or list((data / "raw").iterdir()) == []
+    """The data folder as it was before the failed fetch: not there (no raw dataset, no
+    staging folder, no empty folder)."""
+    return not data.exists()
 
 
 @pytest.mark.parametrize("target", ["file", "folder"])
@@ -162,6 +163,7 @@ def test_a_truncated_png_is_called_truncated(tmp_path, capsys, kept_bytes):
     _fails(
         capsys, ["preprocess", "pets", "--data-dir", str(data)], "0.png: truncated or damaged PNG"
     )
+    assert not (data / "tfrecords").exists()  # no empty folder where there was none
 
 
 # The params file
