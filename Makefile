@@ -23,7 +23,7 @@ run: install
 
 # Two workers, a file each at a time (module fixtures stay in one process), longest files first.
 test: install
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 bench: install
 	$(BIN)/towerbench bench
