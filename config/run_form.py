@@ -79,6 +79,7 @@ def form_parameters(params: Params, params_path: Path) -> dict[str, Any]:
         "dataset": dataset,
         "sweep": params.sweep.model_dump(mode="json", include=set(SWEEP_FIELDS)),
         "epochs": params.train.epochs,
+        "optimizer": params.train.optimizer,  # a choice of the eight, the file's shown
         "advanced": {},
         "params_file": str(params_path.resolve()),
     }

@@ -88,7 +88,11 @@ def serve(params: Params, params_path: Path) -> None:
     )
     advisor = advise.to_deployment(
         name=ADVISE_DEPLOYMENT,
-        parameters={"advice": {"towers": 4}, "params_file": str(params_path.resolve())},
+        parameters={
+            "advice": {"towers": 4},
+            "optimizer": params.train.optimizer,
+            "params_file": str(params_path.resolve()),
+        },
         description="The LR recipe for K towers from a short probe, checked by a sweep of 1 "
         f"tower against K. Settings the form does not show come from `{params_path.resolve()}`.",
         entrypoint_type=EntrypointType.MODULE_PATH,

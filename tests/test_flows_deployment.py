@@ -141,7 +141,7 @@ def test_the_run_form_asks_each_setting_once(served_project) -> None:
     model = schema["properties"]["model"]  # a text field, with the reference's forms as help
     assert {"type": "string"} in model["anyOf"] and "file.py:function" in model["description"]
     optimizer = schema["properties"]["optimizer"]  # a choice of the eight, or the file's
-    assert "lamb" in str(optimizer) and optimizer.get("default") is None
+    assert "lamb" in str(optimizer) and deployment.parameters["optimizer"] == "momentum"
     names = [
         field for group in schema["definitions"].values() for field in group.get("properties", {})
     ] + list(schema["properties"])
@@ -174,6 +174,7 @@ def test_the_advise_form_is_short_and_bounded(served_project) -> None:
     assert (advice["towers"]["minimum"], advice["seeds"]["default"]) == (2, 3)
     assert deployment.parameters == {
         "advice": {"towers": 4},
+        "optimizer": "momentum",  # the params file's, shown as the form's choice
         "params_file": str(project / "params.yaml"),
     }
 
