@@ -337,8 +337,7 @@ def test_corrupt_image_is_named_and_nothing_written(tmp_path, capsys):
     _fails(
         capsys, ["preprocess", "pets", "--data-dir", str(data)], "1.jpg: truncated or damaged JPEG"
     )
-    assert not (data / "tfrecords" / "pets").exists()
-    assert [p.name for p in (data / "tfrecords").iterdir()] == []
+    assert not (data / "tfrecords").exists()  # nothing half-written, no empty folder either
 
 
 def test_non_image_file_is_named(tmp_path, capsys):
