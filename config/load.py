@@ -165,7 +165,10 @@ def _drop_settings_of_the_files_optimizer(
     Each dropped setting is named on stderr."""
     chosen = next((o for o in overrides if o.key == OPTIMIZER), None)
     train = raw.get("train")
-    if chosen is None or not isinstance(train, dict) or _files_optimizer(train) == chosen.value:
+    if chosen is None or not isinstance(train, dict):
+        return
+    old = _files_optimizer(train)
+    if old == chosen.value:
         return
     given = {override.key for override in overrides}
     dropped = [
@@ -173,7 +176,6 @@ def _drop_settings_of_the_files_optimizer(
         for name in sorted(ALL_HYPERPARAMETERS - HYPERPARAMETERS.get(chosen.value, frozenset()))
         if name in train and ("train", name) not in given
     ]
-    old = _files_optimizer(train)
     if "base_lr" in train and BASE_LR not in given:
         if DEFAULT_LEARNING_RATES.get(old) != DEFAULT_LEARNING_RATES.get(chosen.value):
             dropped.insert(0, "base_lr")

@@ -88,7 +88,7 @@ class Hyperparameters:
     weight_decay: float | None = None  # decoupled: the optimizer's own
 
     def items(self) -> dict[str, float]:
-        """The values the optimizer takes, by field name (what MLflow logs as effective_*)."""
+        """The values the optimizer takes, by field name (MLflow logs them as effective.*)."""
         names = (*sorted(HYPERPARAMETERS[self.optimizer]), "weight_decay")
         values = {name: getattr(self, name) for name in names}
         return {name: value for name, value in values.items() if value is not None}
