@@ -3,8 +3,9 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The package's subpackages, floors from the ground up (pyproject.toml's package-dir).
-FLOORS := core config model ingest speed tasks flows serve overhead cli
+# The package's subpackages, floors from the ground up, cli and api side by side on top
+# (pyproject.toml's package-dir); the package's own __init__.py is in towerbench/.
+FLOORS := core config model ingest speed tasks flows serve overhead cli api
 TYPECHECK := build/typecheck
 
 .PHONY: install run test bench ui lint clean
@@ -35,11 +36,12 @@ ui: install
 # through links rebuilt each time in build/typecheck/towerbench/ (its cache, kept, makes a second
 # run take seconds).
 lint: install
-	$(BIN)/ruff check $(FLOORS) examples tests
-	$(BIN)/ruff format --check $(FLOORS) examples tests
+	$(BIN)/ruff check $(FLOORS) towerbench examples tests
+	$(BIN)/ruff format --check $(FLOORS) towerbench examples tests
 	rm -rf $(TYPECHECK)
 	mkdir -p $(TYPECHECK)/towerbench
 	for floor in $(FLOORS); do ln -s ../../../$$floor $(TYPECHECK)/towerbench/$$floor; done
+	ln -s ../../../towerbench/__init__.py $(TYPECHECK)/towerbench/__init__.py
 	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml \
 		--cache-dir $(CURDIR)/build/mypy-cache -p towerbench
 

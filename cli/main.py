@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 RESUMABLE_COMMANDS = ("sweep", "pipeline", "advise")  # advise resumes its verification
 _FINAL_LINES: list[str] = []
 _command_status: int | None = None  # set by `run`, in the command's own process
+_own_process = False  # `run`: the command owns this process (not a call of `main` from Python)
 
 
 def _at_exit() -> None:
@@ -108,8 +109,18 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except TowerbenchError as error:
-        print(f"towerbench {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        line = f"towerbench {args.command}: error: {error}"
+        if _own_process and args.command in RESUMABLE_COMMANDS:
+            _FINAL_LINES.append(line)  # after Prefect's temporary server's shutdown lines
+        else:
+            print(line, file=sys.stderr)
+        # 2 for bad input; an infrastructure failure (a server lost) says 1 (a run failed).
+        return getattr(error, "exit_status", 2)
+    except BrokenPipeError:
+        # Whoever read our output is gone (the launcher of `--workers N` killed, `| head`):
+        # nothing to say, nor to flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except KeyboardInterrupt:
         if args.command in RESUMABLE_COMMANDS:
             # Said at exit, after Prefect's temporary server has logged its own shutdown.
@@ -123,7 +134,8 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
 
 def run() -> None:
     """The `towerbench` command: `main()`, then exit once the exit handlers have run."""
-    global _command_status
+    global _command_status, _own_process
+    _own_process = True
     _command_status = main()
     sys.exit(_command_status)
 

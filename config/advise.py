@@ -59,9 +59,11 @@ def verification_grid(
     params: Params,
     lr_scaling: str,
     warmup_epochs: float,
-    budget: Literal["epochs", "updates"],
+    budget: Literal["epochs", "updates", "noise"],
+    noise_scale: float | None = None,
 ) -> SweepGrid:
-    """The sweep that checks a recipe: 1 tower and K towers (x N workers), S seeds."""
+    """The sweep that checks a recipe: 1 tower and K towers (x N workers), S seeds, under the
+    recipe's budget (`noise`: at `noise_scale`)."""
     return SweepGrid(
         towers=sorted({1, advice.towers}),
         workers=sorted({1, advice.workers}),
@@ -71,6 +73,7 @@ def verification_grid(
         seeds=list(range(advice.seeds)),
         per_tower_batch=per_tower_batch(params),
         budget=budget,
+        noise_scale=noise_scale if budget == "noise" else None,
         pool=params.sweep.pool,
     )
 
@@ -90,6 +93,7 @@ def check_verifiable(advice: AdviseConfig, params: Params) -> None:
     (a TowerbenchError naming the option)."""
     reference = reference_config(params)
     for rule in RULES:
+        # Equal updates stretch the most; the noise scale's budget lies between the two.
         for budget in ("epochs", "updates"):
             grid = verification_grid(advice, params, rule, 1.0, budget)
             verification_configs(reference, grid)

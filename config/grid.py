@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,20 +32,74 @@ def canonical(config: TrainConfig) -> TrainConfig:
     return config.model_copy(update=updates)
 
 
-def with_budget(values: dict[str, Any], budget: str) -> dict[str, Any]:
-    """Training values under the sweep's budget. `updates`: every epoch-counted setting is
-    stretched by global_batch / reference_batch, so the run makes the reference batch's number
-    of optimizer steps and its LR schedule is the same function of the step (Hoffer et al.).
-    adascale runs are never stretched: they end when their progress tau reaches the reference
-    batch's updates, and their schedule is counted in reference epochs."""
-    if budget == "epochs" or values["lr_scaling"] == "adascale":
+def epochs_needed(noise_scale: float, reference_batch: float, global_batch: float) -> float:
+    """How many times the reference batch's epochs batch B needs for the same progress at this
+    noise scale: (1 + B / B_noise) / (1 + b0 / B_noise) (McCandlish et al. 2018; the noise
+    scale that advises is explained in model/noise_advice.py)."""
+    return (1 + global_batch / noise_scale) / (1 + reference_batch / noise_scale)
+
+
+def noise_budget(noise_scale: float, reference_batch: float, global_batch: float) -> float:
+    """The epochs factor of `sweep.budget: noise`: `epochs_needed`, never less than equal epochs
+    (1) nor more than equal updates (B / b0). The formula lies between the two for any positive
+    noise scale; the clamp only keeps rounding (and a batch below b0) on the right side."""
+    if not (math.isfinite(noise_scale) and noise_scale > 0):
+        raise ValueError(f"the noise scale must be positive and finite, got {noise_scale}")
+    updates = global_batch / reference_batch
+    low, high = min(1.0, updates), max(1.0, updates)
+    return min(max(epochs_needed(noise_scale, reference_batch, global_batch), low), high)
+
+
+def budget_factor(
+    global_batch: int,
+    reference_batch: int,
+    lr_scaling: str,
+    budget: str,
+    noise_scale: float | None = None,
+) -> float:
+    """How many times the reference's epochs a run at `global_batch` trains under `budget`:
+    1 (equal epochs), B / b0 (equal updates), or the noise scale's factor between the two
+    (`noise_budget`). adascale runs are never stretched: they end when their
+    progress tau reaches the reference batch's updates, their schedule counted in reference
+    epochs."""
+    if budget == "epochs" or lr_scaling == "adascale":
+        return 1.0
+    if budget == "updates":
+        return global_batch / reference_batch
+    if noise_scale is None:
+        raise TowerbenchError("sweep.budget: noise needs sweep.noise_scale")
+    return noise_budget(noise_scale, reference_batch, global_batch)
+
+
+def with_budget(
+    values: dict[str, Any], budget: str, noise_scale: float | None = None
+) -> dict[str, Any]:
+    """Training values under the sweep's budget: every epoch-counted setting (epochs, warmup,
+    decay) stretched by `budget_factor`, so under `updates` the run makes the reference batch's
+    number of optimizer steps and its LR schedule is the same function of the step (Hoffer et
+    al.), and under `noise` the same function of the progress the noise scale predicts."""
+    factor = budget_factor(
+        values["global_batch"], values["reference_batch"], values["lr_scaling"], budget, noise_scale
+    )
+    if factor == 1.0:
         return values
-    factor = values["global_batch"] / values["reference_batch"]
     stretched = {
         name: values[name] * factor for name in ("epochs", "warmup_epochs", "decay_epochs")
     }
     stretched["decay_boundaries"] = [epoch * factor for epoch in values["decay_boundaries"]]
     return {**values, **stretched}
+
+
+def budget_params(config: TrainConfig, budget: str, noise_scale: float | None) -> dict[str, str]:
+    """What a configuration's run records of its budget (MLflow params): the sweep's budget, the
+    factor its epochs were stretched by and, under `noise`, the noise scale it came from."""
+    factor = budget_factor(
+        config.global_batch, config.reference_batch, config.lr_scaling, budget, noise_scale
+    )
+    params = {"budget": budget, "budget_factor": f"{factor:.6g}"}
+    if budget == "noise" and noise_scale is not None:
+        params["budget_noise_scale"] = f"{noise_scale:.6g}"
+    return params
 
 
 def swept_fields(sweep: SweepGrid) -> list[str]:
@@ -105,7 +160,7 @@ def expand(train: TrainConfig, sweep: SweepGrid) -> list[TrainConfig]:
             values["global_batch"] = values["towers"] * values["workers"] * sweep.per_tower_batch
         try:
             resolved = TrainConfig.model_validate({**base, **values})
-            budgeted = with_budget(resolved.model_dump(), sweep.budget)
+            budgeted = with_budget(resolved.model_dump(), sweep.budget, sweep.noise_scale)
             config = canonical(TrainConfig.model_validate(budgeted))
         except ValidationError as error:
             problems = describe_validation_error(error)

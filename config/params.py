@@ -143,12 +143,22 @@ class SweepGrid(StrictModel):
     seeds: list[one_value(TrainConfig, "seed")] = Field(  # type: ignore[valid-type]
         [0, 1], min_length=1, description="Seeds: each configuration runs once per seed."
     )
-    budget: Literal["epochs", "updates"] = Field(
+    budget: Literal["epochs", "updates", "noise"] = Field(
         "epochs",
-        description="Compare at equal epochs, or at equal updates: each run trains "
+        description="Compare at equal epochs; at equal updates: each run trains "
         "epochs x global_batch / reference_batch epochs, with every epoch-counted schedule "
         "setting (warmup, decay) stretched by the same factor, so it makes the reference "
-        "batch's number of optimizer steps (Hoffer et al. 2017).",
+        "batch's number of optimizer steps (Hoffer et al. 2017); or at the noise scale's "
+        "budget: epochs x (1 + B / noise_scale) / (1 + b0 / noise_scale), the epochs batch B "
+        "needs for the reference's progress (McCandlish et al. 2018), between the two. "
+        "adascale runs keep their own budget (progress tau).",
+    )
+    noise_scale: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="The advising gradient noise scale B_noise that `budget: noise` uses (the "
+        "harmonic mean along `towerbench advise`'s probe, or a run's report); required by it.",
     )
     preset: SweepPresetName | None = Field(  # type: ignore[valid-type]
         None,
@@ -170,6 +180,15 @@ class SweepGrid(StrictModel):
         description="Prefect work pool to fan the configurations out to, one flow run each "
         "(`towerbench worker --pool NAME` on every GPU host); unset: one local process each.",
     )
+
+    @model_validator(mode="after")
+    def _noise_budget_has_its_noise_scale(self) -> SweepGrid:
+        if self.budget == "noise" and self.noise_scale is None:
+            raise ValueError(
+                "budget: noise needs sweep.noise_scale: run `towerbench advise` (its recipe "
+                "sets it) or set sweep.noise_scale (in the run form: under advanced)"
+            )
+        return self
 
 
 class TrackingConfig(StrictModel):
@@ -203,6 +222,14 @@ class ReportConfig(StrictModel):
         description="Test accuracy for time-to-accuracy; default: 0.95 x the 1-tower mean.",
     )
     report_dir: Path = Field(Path("reports"), description="Folder the markdown reports go to.")
+    margin: float = Field(
+        0.01,
+        gt=0,
+        lt=1,
+        description="Non-inferiority margin in test accuracy (0.01 = 1 pp): k towers reached "
+        "1 tower when the 95% interval of their difference lies above -margin, did not when it "
+        "lies below, else the verdict is inconclusive (with the seeds that would decide it).",
+    )
 
 
 class NightlyConfig(StrictModel):

@@ -31,7 +31,7 @@ from towerbench.config.optimizers import (
     effective_hyperparameters,
 )
 
-SourceName = Literal["digits", "cifar10", "cifar100", "imagefolder"]
+SourceName = Literal["digits", "cifar10", "cifar100", "imagefolder", "arrays"]
 
 
 def one_value(model: type[BaseModel], name: str) -> Any:
@@ -57,7 +57,8 @@ class FetchConfig(StrictModel):
     url: str | None = Field(
         None,
         description="Mirror URL, file:// URL or local path of the archive; for imagefolder, "
-        "the directory or zip laid out ROOT/SPLIT/CLASS/IMAGE.",
+        "the directory or zip laid out ROOT/SPLIT/CLASS/IMAGE; for arrays, an .npz of x_train, "
+        "y_train, x_test, y_test (keras.datasets' mnist.npz layout).",
     )
     md5: str | None = Field(
         None, pattern=r"^[0-9a-fA-F]{32}$", description="Expected md5 of the archive."
@@ -65,8 +66,8 @@ class FetchConfig(StrictModel):
     name: DatasetName | None = Field(
         None,
         description="Name the dataset is stored under; None: it follows the source (the "
-        "source's name, or for imagefolder the zip's or folder's stem made a valid name: "
-        "'my photos (1).zip' -> my-photos-1).",
+        "source's name, or for imagefolder and arrays the file's or folder's stem made a valid "
+        "name: 'my photos (1).zip' -> my-photos-1).",
     )
     classes: list[str] | None = Field(
         None, description="imagefolder class order; default: sorted folder names."
@@ -379,10 +380,10 @@ class DataConfig(StrictModel):
 
 
 def dataset_name(config: FetchConfig) -> str:
-    """Where `config`'s data is stored: its name, the imagefolder's stem made a valid name, or
-    the source name."""
+    """Where `config`'s data is stored: its name, the imagefolder's or .npz's stem made a valid
+    name, or the source name."""
     if config.name is not None:
         return config.name
-    if config.source == "imagefolder" and config.url:
+    if config.source in ("imagefolder", "arrays") and config.url:
         return name_from(PurePosixPath(config.url.rstrip("/")).stem)
     return config.source

@@ -4,8 +4,12 @@ tracking code, the sweep, a pool's fan-out and the command line."""
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import pandas
 
 
 class Status(StrEnum):
@@ -34,6 +38,8 @@ class Outcome(BaseModel):
     worker: str | None = None  # the pool worker that ran it
     images_per_sec: float | None = None
     wall_time: float | None = None
+    epochs: float | None = None  # as trained (AdaScale, an early stop or divergence end elsewhere)
+    steps: int | None = None  # optimizer updates made
     log: str = Field(default="", exclude=True, repr=False)  # a failed process's stderr
 
     @classmethod
@@ -58,3 +64,10 @@ class SweepResult(BaseModel):
     mlflow_url: str
     configs: list[ConfigSummary]
     report: str
+
+    def to_frame(self) -> pandas.DataFrame:
+        """One row per configuration run: its name, towers, workers, seed, status, test
+        accuracy, speed and MLflow run id."""
+        import pandas
+
+        return pandas.DataFrame([config.model_dump(mode="json") for config in self.configs])

@@ -1,10 +1,14 @@
-"""Stopping the processes towerbench starts: ask them to stop, wait, then kill what is left."""
+"""Stopping the processes towerbench starts: ask them to stop, wait, then kill what is left; and
+in a started process, ending with the process that started it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from multiprocessing import forkserver
 from typing import Protocol
 
 import psutil
@@ -47,3 +51,31 @@ def stop_tree(process: subprocess.Popen, grace_seconds: float) -> None:
     _, left_behind = psutil.wait_procs(descendants, timeout=5)
     for orphan in left_behind:
         orphan.kill()
+
+
+def watch_parent(parent: int, on_gone: Callable[[], None]) -> None:
+    """In a started process: call `on_gone` once `parent` (noted as it started; it may be gone
+    by now) is no longer its parent. A training process or the probe watches the fork server
+    (tasks/training/fork_server.py), which ends with the command that started it, so they end
+    with that command too."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        on_gone()
+
+    threading.Thread(target=watch, daemon=True, name="watch-parent").start()
+
+
+def forked_from_server() -> None:
+    """First thing in a process multiprocessing's fork server forked: a session of its own (a
+    terminal's Ctrl-C reaches only the caller, which stops it), and the server left to end with
+    its caller.
+    multiprocessing hands each forked process the write end of the caller's "alive" pipe (so it
+    could start processes itself); the server ends when that pipe closes, so a forked process
+    that kept it would keep the server, and with it itself (`watch_parent`), alive."""
+    os.setsid()
+    alive = forkserver._forkserver._forkserver_alive_fd  # type: ignore[attr-defined]
+    if alive is not None:
+        os.close(alive)
+        forkserver._forkserver._forkserver_alive_fd = None  # type: ignore[attr-defined]

@@ -81,6 +81,14 @@ class Reaper:
 _PROCESS_REAPERS: list[Reaper] = []  # live as long as the process: their pipes close at its end
 
 
+def remove_when_this_process_ends(folder: str) -> None:
+    """Have a watchdog (one per process) remove `folder` when this process ends, however it
+    ends."""
+    if not _PROCESS_REAPERS:
+        _PROCESS_REAPERS.append(Reaper())
+    _PROCESS_REAPERS[0].remove(folder)
+
+
 def temporary_files_of_this_process(prefix: str) -> str:
     """Point this process's temporary files, and its children's (Prefect's folder per flow run,
     multiprocessing's), into one folder that a watchdog removes when the process ends, however it
@@ -88,9 +96,7 @@ def temporary_files_of_this_process(prefix: str) -> str:
     folder = tempfile.mkdtemp(prefix=prefix)
     os.environ["TMPDIR"] = folder
     tempfile.tempdir = folder
-    reaper = Reaper()
-    reaper.remove(folder)
-    _PROCESS_REAPERS.append(reaper)
+    remove_when_this_process_ends(folder)
     return folder
 
 

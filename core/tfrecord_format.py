@@ -2,9 +2,11 @@
 
 Layout: DATA_DIR/tfrecords/<name>/<split>-<i>-of-<n>.tfrecord and .../<name>/manifest.json.
 Each example has three features:
-  image  bytes   the H*W*C uint8 pixels, row-major (HWC), uncompressed
+  image  bytes   the example's values, row-major, little-endian, of the manifest's `dtype`
+                 (uint8 H*W*C pixels for an image), uncompressed
   label  int64   index into the manifest's `classes`
-  shape  int64[] [H, W, C]
+  shape  int64[] the example's shape ([H, W, C] for an image; any rank >= 1)
+A manifest without `dtype` (every dataset before array sources) holds uint8 images.
 
 Written by ingest/write_records.py, decoded by model/tfrecords.py; this module (plain Python, no
 TensorFlow) is the part both sides and the orchestration read: the layout, the manifest, the
@@ -16,14 +18,51 @@ epoch of the tutorial network).
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from towerbench.core.errors import TowerbenchError
 
 MANIFEST_NAME = "manifest.json"
+FeatureDtype = Literal["uint8", "int32", "int64", "float16", "float32"]
+FEATURE_DTYPES: tuple[str, ...] = ("uint8", "int32", "int64", "float16", "float32")
+IMAGE_CHANNELS = (1, 3)
+
+
+@dataclass(frozen=True)
+class Features:
+    """What one example holds: its shape (without the example axis) and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: FeatureDtype = "uint8"
+
+    @classmethod
+    def of(cls, features: Features | Sequence[int]) -> Features:
+        """`features`, or a bare shape as it always meant: uint8 pixels."""
+        if isinstance(features, Features):
+            return features
+        return cls(tuple(int(size) for size in features))
+
+    @property
+    def is_image(self) -> bool:
+        """uint8 (H, W, 1 or 3): what crops, flips and colour distortions apply to."""
+        return self.dtype == "uint8" and len(self.shape) == 3 and self.shape[-1] in IMAGE_CHANNELS
+
+    @property
+    def integer(self) -> bool:
+        """Integer values other than pixels (token ids): fed as int32, not as floats."""
+        return self.dtype in ("int32", "int64")
+
+    def describe(self) -> str:
+        """`uint8 images 32x32x3` or `float32 features (20,)`."""
+        if self.is_image:
+            return f"uint8 images {'x'.join(map(str, self.shape))}"
+        return f"{self.dtype} features {self.shape}"
 
 
 class _Strict(BaseModel):
@@ -47,16 +86,28 @@ class SplitInfo(_Strict):
 
 
 class Manifest(_Strict):
-    """What a preprocessed dataset contains; `mean`/`std` are per channel on the 0-255 scale,
-    computed over the train split (or the first split when there is no train split)."""
+    """What a preprocessed dataset contains; `mean`/`std` are per channel (the last axis; on the
+    0-255 scale for images), computed over the train split (or the first split when there is no
+    train split). `image_shape` is one example's shape, `dtype` its values' type: an image's
+    [H, W, C] of uint8 (the default, so manifests written before other dtypes read as before)."""
 
     dataset: str
     classes: list[str] = Field(min_length=1)
-    image_shape: list[int] = Field(min_length=3, max_length=3)
+    image_shape: list[int] = Field(min_length=1)
+    dtype: FeatureDtype = "uint8"
     splits: dict[str, SplitInfo]
     mean: list[float]
     std: list[float]
     source: dict[str, Any]
+
+    @property
+    def features(self) -> Features:
+        """Shape and dtype of one example: what the input pipeline and the network are given."""
+        return Features(tuple(self.image_shape), self.dtype)
+
+    def to_json(self) -> str:
+        """manifest.json's text; a uint8 dataset's has no `dtype`, byte for byte as before."""
+        return json.dumps(self.model_dump(exclude_defaults=True), indent=2) + "\n"
 
 
 def dataset_dir(data_dir: Path, name: str) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from mlflow.entities import RunStatus
 from prefect import flow, get_run_logger
@@ -30,6 +30,7 @@ from towerbench.config.sections import TrainConfig
 from towerbench.flows.sweep import plan_sweep, run_sweep
 from towerbench.tasks.advise.advice import (
     Advice,
+    advice_data_version,
     finish_advice_run,
     log_advice,
     probe_document,
@@ -40,9 +41,15 @@ from towerbench.tasks.advise.advice import (
 )
 from towerbench.tasks.advise.probe import ProbeRequest, measurements, probe_lines, probe_task
 from towerbench.tasks.advise.recipe import Measurements, Recipe, choose_recipe
-from towerbench.tasks.advise.verdict import Verification, verify_outcome
+from towerbench.tasks.advise.verdict import (
+    Verification,
+    verification_records,
+    verify_outcome,
+)
 from towerbench.tasks.sweep_lock import only_live_sweep
+from towerbench.tasks.tracking import claim_run
 from towerbench.tasks.training.fork_server import start_fork_server_for
+from towerbench.tasks.user_errors_log import one_line_user_errors
 
 
 def probe_and_choose(
@@ -71,11 +78,8 @@ def recipe_runs(
     rule, warmup = str(recipe.lr_scaling.value), float(recipe.warmup_epochs.value)
     values = reference_config(params).model_dump(exclude_unset=True)
     values.update(lr_scaling=rule, warmup_epochs=warmup, decay=recipe.decay.value)
-    budget: Literal["epochs", "updates"] = (
-        "updates" if recipe.budget.value == "updates" else "epochs"
-    )
     return TrainConfig.model_validate(values), verification_grid(
-        advice, params, rule, warmup, budget
+        advice, params, rule, warmup, recipe.sweep_budget, recipe.noise_scale
     )
 
 
@@ -86,10 +90,12 @@ def verify_recipe(
     configs = verification_configs(train, grid)
     start_fork_server_for(configs, grid.pool)
     data_dir = Path(params.data.data_dir).resolve()
-    plan = plan_sweep(configs, train, grid, data_dir, None, "advise")
+    version = advice_data_version(data_dir, train.dataset)  # the advise run's, as sweeps record it
+    plan = plan_sweep(configs, train, grid, data_dir, version, "advise")
     with only_live_sweep(plan.data_dir, plan.key):
         result = run_sweep(plan, params.tracking, train, grid, params.report, "advise", fresh)
-    verification = verify_outcome(result, recipe)
+    records = verification_records(params.tracking, result)
+    verification = verify_outcome(result, recipe, records, params.report.margin)
     get_run_logger().info(verification.verdict)
     return verification
 
@@ -98,6 +104,7 @@ def advise_params(params: Params, advice: AdviseConfig, fresh: bool = False) -> 
     """Probe, choose, keep and (when `advice.verify`) verify the recipe for `params`."""
     check_verifiable(advice, params)
     run_id = start_advice_run(params, advice.replicas)
+    claim_run(params.tracking, run_id)  # and close the runs of killed attempts
     status, verification = RunStatus.FAILED, None
     try:
         _, result, measured, recipe, lines = probe_and_choose(params, advice)
@@ -149,6 +156,7 @@ def advise(
         advanced: Any other setting, keyed as in params.yaml, e.g. {"train.base_lr": 0.05}.
         fresh: Verify anew even if an identical verification was interrupted (default: resume).
     """
+    one_line_user_errors()
     path = Path(params_file) if params_file else None
     overrides = model_override(model, path) + optimizer_override(optimizer)
     if dataset is not None:

@@ -11,6 +11,7 @@ configurations are reused, an interrupted one continues from its checkpoint
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from prefect.artifacts import (
 from prefect.exceptions import TerminationSignal
 
 from towerbench.config.grid import (
+    budget_params,
     expand,
     group_name,
     run_name,
@@ -44,25 +46,38 @@ from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import ConfigSummary, Outcome, Status, SweepResult
 from towerbench.tasks.data.check import manifest_digest
 from towerbench.tasks.report import make_report
-from towerbench.tasks.sweep_lock import only_live_sweep
+from towerbench.tasks.sweep_lock import (
+    only_live_sweep,
+    sweep_key,
+    sweep_parts,
+    what_changed,
+)
 from towerbench.tasks.tracking import (
+    REPLACED_BY_TAG,
+    SWEEP_PARTS_TAG,
+    TrackingServerLost,
+    close_dead_runs,
     config_key,
     create_config_run,
     ensure_experiment,
     experiment_name,
     finish_sweep_run,
+    last_sweep,
     log_sweep_inputs,
+    owner_gone,
     reopen_run,
     run_outcome,
     run_url,
+    set_tags,
     start_sweep_run,
     sweep_children,
-    sweep_key,
+    tracking_server_watched,
     unfinished_sweep,
 )
 from towerbench.tasks.training.fork_server import start_fork_server_for
 from towerbench.tasks.training.train import checkpoint_dir, train_configuration
 from towerbench.tasks.training.worker import WorkerRequest
+from towerbench.tasks.user_errors_log import one_line_user_errors
 
 FlowKind = Literal["sweep", "pipeline", "nightly", "advise"]
 
@@ -77,6 +92,8 @@ class SweepPlan:
     versions: dict[str, str]  # dataset -> data version
     key: str
     data_dir: Path
+    parts: dict[str, Any]  # the key's parts, to name which one changed
+    budget: tuple[str, float | None] = ("epochs", None)  # the sweep's budget and noise scale
 
 
 @dataclass(frozen=True)
@@ -123,7 +140,9 @@ def plan_sweep(
         for dataset in datasets
     }
     key = sweep_key(configs, list(versions.values()), kind)
-    return SweepPlan(configs, swept_fields(sweep), versions, key, data_dir)
+    parts = sweep_parts(configs, versions)
+    budget = (sweep.budget, sweep.noise_scale)
+    return SweepPlan(configs, swept_fields(sweep), versions, key, data_dir, parts, budget)
 
 
 def open_sweep(
@@ -134,17 +153,20 @@ def open_sweep(
     kind: FlowKind,
     fresh: bool,
 ) -> SweepRun:
-    """Reopen the newest unfinished sweep with the same key (unless `fresh`), else start one."""
+    """Reopen the newest unfinished sweep with the same key (unless `fresh`), else start one;
+    then close the runs dead attempts left RUNNING."""
     experiment_id = ensure_experiment(tracking, experiment_name(tracking, train))
     parent_run_id = None if fresh else unfinished_sweep(tracking, experiment_id, plan.key)
     if parent_run_id is not None:
         reopen_run(tracking, parent_run_id)
+        close_dead_runs(tracking, experiment_id, parent_run_id)
         previous = sweep_children(tracking, parent_run_id)
         done = sum(run_outcome(run).status.ended for run in previous.values())
         get_run_logger().info(
             "resuming sweep %s: %d of %d runs done", parent_run_id, done, len(plan.configs)
         )
         return SweepRun(tracking, experiment_id, parent_run_id, previous)
+    last = None if fresh else last_sweep(tracking, experiment_id, kind)
     parent_run_id = start_sweep_run(
         tracking,
         experiment_id,
@@ -153,9 +175,26 @@ def open_sweep(
         params={**sweep_description(train, sweep), "data_version": plan.versions[train.dataset]},
         swept=varied_fields(sweep),
         key=plan.key,
+        parts=plan.parts,
     )
     log_sweep_inputs(tracking, parent_run_id, plan.data_dir, plan.versions)
+    if last is not None and last.info.status != "FINISHED":
+        replace_interrupted(tracking, last, plan, parent_run_id)
+    close_dead_runs(tracking, experiment_id, parent_run_id)
     return SweepRun(tracking, experiment_id, parent_run_id, {})
+
+
+def replace_interrupted(tracking: TrackingConfig, last: Run, plan: SweepPlan, new: str) -> None:
+    """Say in one line why the newest sweep of this flow, interrupted, is not resumed (what
+    changed) and tag it with the sweep that replaced it (unless its process still runs it)."""
+    if last.info.status == "RUNNING" and not owner_gone(last):
+        return  # another sweep, live
+    parts = last.data.tags.get(SWEEP_PARTS_TAG)
+    changed = what_changed(json.loads(parts) if parts else None, plan.parts)
+    get_run_logger().warning(
+        "new sweep %s, not resuming interrupted sweep %s: %s", new, last.info.run_id, changed
+    )
+    set_tags(tracking, last.info.run_id, {REPLACED_BY_TAG: new})
 
 
 def reuse_finished(
@@ -193,6 +232,7 @@ def open_config_run(plan: SweepPlan, run: SweepRun, job: Pending) -> WorkerReque
             job.name,
             group,
             version,
+            extra=budget_params(job.config, *plan.budget),
         )
     return WorkerRequest(
         config=job.config,
@@ -211,7 +251,10 @@ def train_here(plan: SweepPlan, run: SweepRun, job: Pending, progress: UUID) -> 
     request = open_config_run(plan, run, job)
     state = train_configuration(request, job.name, run.tracking, progress, span, return_state=True)
     if state.is_failed():
-        outcome = Outcome.failed(str(state.result(raise_on_failure=False)))
+        error = state.result(raise_on_failure=False)
+        if isinstance(error, TrackingServerLost):  # every later run would fail the same way
+            raise error
+        outcome = Outcome.failed(str(error))
     else:
         outcome = state.result()
         if request.checkpoint_dir is not None:  # the model is in MLflow
@@ -316,23 +359,19 @@ def run_sweep(
 ) -> SweepResult:
     """Open the sweep, train each configuration, finish; the parent run ends FINISHED, FAILED or
     KILLED however this ends."""
-    run = open_sweep(tracking, plan, train, sweep, kind, fresh)
+    with tracking_server_watched(tracking):
+        run = open_sweep(tracking, plan, train, sweep, kind, fresh)
     mlflow_url = run_url(tracking, run.experiment_id, run.parent_run_id)
     get_run_logger().info("%d runs; MLflow parent run %s", len(plan.configs), mlflow_url)
     status = RunStatus.FAILED
     try:
-        summaries = train_each(plan, run, sweep.pool)
-        report_path = finish_sweep(summaries, run, report)
+        with tracking_server_watched(tracking):
+            summaries = train_each(plan, run, sweep.pool)
+            report_path = finish_sweep(summaries, run, report)
         status = RunStatus.FINISHED
     except (KeyboardInterrupt, SystemExit, TerminationSignal):  # Prefect's own SIGTERM signal
         status = RunStatus.KILLED
         raise
-    except MlflowException as error:
-        cause = str(error).splitlines()[0][:300]
-        raise TowerbenchError(
-            f"MLflow at {tracking.tracking_uri} stopped answering ({cause}); the runs keep their "
-            "checkpoints: run the same command again once it is back to resume"
-        ) from None
     finally:
         with contextlib.suppress(MlflowException):  # the server may be what went away
             finish_sweep_run(tracking, run.parent_run_id, RunStatus.to_string(status))
@@ -363,6 +402,7 @@ def sweep(
     fails when every configuration failed, and otherwise completes with a "k of n failed"
     artifact.
     """
+    one_line_user_errors()
     tracking = resolve_tracking(tracking)
     configs = expand(train, sweep)
     start_fork_server_for(configs, sweep.pool)  # imports beside the set-up (unless started)

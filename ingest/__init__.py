@@ -17,6 +17,7 @@ from towerbench.config.sections import FetchConfig, PreprocessConfig, dataset_na
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.files import no_new_empty_folders, replace_folder, space_errors
 from towerbench.core.tfrecord_format import Manifest, dataset_dir
+from towerbench.ingest.arrays import ArraysSource
 from towerbench.ingest.base import Source
 from towerbench.ingest.cifar import CIFAR10, CIFAR100, CifarSource
 from towerbench.ingest.digits import DigitsSource
@@ -37,6 +38,7 @@ SOURCES: dict[str, Source] = {
     "cifar10": CifarSource(CIFAR10),
     "cifar100": CifarSource(CIFAR100),
     "imagefolder": ImageFolderSource(),
+    "arrays": ArraysSource(),
 }
 
 

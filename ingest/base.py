@@ -16,7 +16,8 @@ class LoadedDataset:
     """Decoded arrays ready for `write_dataset`."""
 
     classes: list[str]
-    splits: dict[str, tuple[np.ndarray, np.ndarray]]  # split -> (uint8 [N, H, W, C], int [N])
+    # split -> (uint8 images [N, H, W, C], or examples [N, ...] of a feature dtype; int [N])
+    splits: dict[str, tuple[np.ndarray, np.ndarray]]
     source: dict[str, Any]  # provenance, copied into the manifest
 
 

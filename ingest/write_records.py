@@ -16,7 +16,6 @@ full disk removes the temporary folder, keeps the previous version and is one li
 from __future__ import annotations
 
 import errno
-import json
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ import numpy as np
 
 from towerbench.core.files import replace_folder, space_errors
 from towerbench.core.tfrecord_format import (
+    FEATURE_DTYPES,
     MANIFEST_NAME,
     Manifest,
     ShardFile,
@@ -53,29 +53,30 @@ def _serialize(image_bytes: bytes, label: int, shape: list[int]) -> bytes:
     return example.SerializeToString(deterministic=True)
 
 
-def _channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
-    """Per-channel mean and std of uint8 NHWC images, in float64, chunk by chunk."""
-    channels = images.shape[-1]
+def _channel_stats(values: np.ndarray) -> tuple[list[float], list[float]]:
+    """Per-channel (last axis) mean and std of `values` [N, ..., C], in float64, chunk by chunk."""
+    channels = values.shape[-1]
     total = np.zeros(channels)
     total_sq = np.zeros(channels)
-    for start in range(0, len(images), _STATS_CHUNK):
-        chunk = images[start : start + _STATS_CHUNK].reshape(-1, channels).astype(np.float64)
+    for start in range(0, len(values), _STATS_CHUNK):
+        chunk = values[start : start + _STATS_CHUNK].reshape(-1, channels).astype(np.float64)
         total += chunk.sum(axis=0)
         total_sq += np.square(chunk).sum(axis=0)
-    count = images.shape[0] * images.shape[1] * images.shape[2]
+    count = values.size // channels
     mean = total / count
     std = np.sqrt(np.maximum(total_sq / count - np.square(mean), 0.0))
     return [round(float(value), 6) for value in mean], [round(float(value), 6) for value in std]
 
 
-def _check_split(split: str, images: np.ndarray, labels: np.ndarray, num_classes: int) -> None:
-    if images.dtype != np.uint8 or images.ndim != 4:
+def _check_split(split: str, values: np.ndarray, labels: np.ndarray, num_classes: int) -> None:
+    if values.dtype.name not in FEATURE_DTYPES or values.ndim < 2:
         raise ValueError(
-            f"split {split!r}: images must be uint8 NHWC, got {images.dtype} {images.shape}"
+            f"split {split!r}: examples must be [N, ...] of {', '.join(FEATURE_DTYPES)}, got "
+            f"{values.dtype} {values.shape}"
         )
-    if labels.shape != (len(images),):
-        raise ValueError(f"split {split!r}: {len(images)} images but labels {labels.shape}")
-    if len(images) == 0:
+    if labels.shape != (len(values),):
+        raise ValueError(f"split {split!r}: {len(values)} examples but labels {labels.shape}")
+    if len(values) == 0:
         raise ValueError(f"split {split!r} has no examples")
     if labels.min() < 0 or labels.max() >= num_classes:
         raise ValueError(f"split {split!r}: labels outside [0, {num_classes})")
@@ -93,7 +94,10 @@ def _write_split(
     for index in range(num_files):
         file_name = f"{split}-{index:05d}-of-{num_files:05d}.tfrecord"
         # Example i goes to shard i % n: fixed by position, independent of timing or threads.
-        shard_images = np.ascontiguousarray(images[index::num_files])
+        # Little-endian whatever the host: the contract's byte order.
+        shard_images = np.ascontiguousarray(
+            images[index::num_files], dtype=images.dtype.newbyteorder("<")
+        )
         shard_labels = labels[index::num_files].tolist()
         try:
             with tf.io.TFRecordWriter(str(folder / file_name)) as writer:
@@ -119,8 +123,9 @@ def write_dataset(
     shards: int,
     source: dict[str, Any],
 ) -> Manifest:
-    """Write `splits` ({split: (images uint8 [N, H, W, C], labels int [N])}) as `shards` TFRecord
-    files per split plus manifest.json into `out_dir` (usually `dataset_dir(data_dir, name)`).
+    """Write `splits` ({split: (examples [N, ...], labels int [N])}: uint8 images [N, H, W, C]
+    or any of FEATURE_DTYPES of any rank) as `shards` TFRecord files per split plus
+    manifest.json into `out_dir` (usually `dataset_dir(data_dir, name)`).
 
     The folder appears complete or not at all; same arguments give byte-identical files.
     """
@@ -132,9 +137,9 @@ def write_dataset(
         split: (np.asarray(images), np.asarray(labels).astype(np.int64))
         for split, (images, labels) in splits.items()
     }
-    shapes = {images.shape[1:] for images, _ in arrays.values()}
+    shapes = {(images.shape[1:], images.dtype.name) for images, _ in arrays.values()}
     if len(shapes) != 1:
-        raise ValueError(f"all splits must share one image shape, got {sorted(shapes)}")
+        raise ValueError(f"all splits must share one shape and dtype, got {sorted(shapes)}")
     for split, (images, labels) in arrays.items():
         _check_split(split, images, labels, len(classes))
 
@@ -153,14 +158,14 @@ def write_dataset(
             manifest = Manifest(
                 dataset=name,
                 classes=list(classes),
-                image_shape=[int(size) for size in next(iter(shapes))],
+                image_shape=[int(size) for size in next(iter(shapes))[0]],
+                dtype=next(iter(shapes))[1],
                 splits=infos,
                 mean=mean,
                 std=std,
                 source=source,
             )
-            text = json.dumps(manifest.model_dump(), indent=2) + "\n"
-            (staging / MANIFEST_NAME).write_text(text)
+            (staging / MANIFEST_NAME).write_text(manifest.to_json())
             # mkdtemp creates 0700; give the published folder ordinary permissions.
             staging.chmod(0o755)
             replace_folder(staging, out_dir)

@@ -510,16 +510,21 @@ def _problem(
     shape: tuple[int, ...],
     num_classes: int,
     devices: TowerDevices,
+    integer_inputs: bool = False,
 ) -> tuple[_Problem, Any]:
     """The fixed batch and initial weights every way starts from, and the reference network
-    (keras.Model) they were taken from."""
+    (keras.Model) they were taken from. Integer inputs (token ids) are ids 0 and 1, which every
+    vocabulary holds."""
     import keras
     import tensorflow as tf
 
     from towerbench.model.networks import build_network
 
     weight_decay = TrainConfig(model=model, dataset="gradcheck").weight_decay
-    images = tf.random.stateless_normal((global_batch, *shape), seed=[seed, 1])
+    if integer_inputs:
+        images = tf.random.stateless_uniform((global_batch, *shape), [seed, 1], 0, 2, tf.int32)
+    else:
+        images = tf.random.stateless_normal((global_batch, *shape), seed=[seed, 1])
     labels = tf.random.stateless_uniform((global_batch,), [seed, 2], 0, num_classes, tf.int32)
     keras.utils.set_random_seed(seed)
     with tf.device(devices.parameter_device):
@@ -568,21 +573,24 @@ def run_gradcheck(
     seed: int = 0,
     cluster: Cluster | None = None,
     precision: Precision = "float32",
-    input_shape: tuple[int, int, int] | None = None,
+    input_shape: tuple[int, ...] | None = None,
     num_classes: int = NUM_CLASSES,
     optimizers: tuple[str, ...] = (),
+    integer_inputs: bool = False,
 ) -> GradcheckResult | None:
     """Compare one device, k towers (mean, sum) and MirroredStrategy on one fixed batch of
-    `input_shape` images (default: the built-in network's, else USER_INPUT_SHAPE), in a
-    cluster the workers' towers, and each of `optimizers`' updates; workers other than the chief
-    return None."""
+    `input_shape` inputs (default: the built-in network's images, else USER_INPUT_SHAPE; token
+    ids when `integer_inputs`), in a cluster the workers' towers, and each of `optimizers`'
+    updates; workers other than the chief return None."""
     from towerbench.model.user_model import disable_dropout
 
     cluster = cluster or Cluster()
     devices = _tower_devices(towers, global_batch, cluster)
     default_shape = INPUT_SHAPES[model] if model in BUILTIN_MODELS else USER_INPUT_SHAPE
     shape = tuple(input_shape or default_shape)
-    problem, reference = _problem(model, global_batch, seed, precision, shape, num_classes, devices)
+    problem, reference = _problem(
+        model, global_batch, seed, precision, shape, num_classes, devices, integer_inputs
+    )
     across = _workers_run(problem, devices, cluster) if cluster.workers > 1 else None
     if not cluster.is_chief:
         return None

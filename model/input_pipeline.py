@@ -1,4 +1,9 @@
-"""tf.data input: the tutorial's training distortions and central-crop evaluation, any image size.
+"""tf.data input: the tutorial's training distortions and central-crop evaluation, any image size;
+other data of any shape and dtype as it is.
+
+Crops, flips and colour distortions (and per-image standardisation) apply to uint8 images
+(H, W, 1 or 3) only. Other examples are fed whole, without distortions: floats (and uint8 that is
+not an image) as float32, integers (token ids) as int32 for an Embedding layer.
 
 Training reads ONE shuffled stream per epoch and cuts it into global batches; the tower step
 splits each batch across the towers, so every example is used once per epoch whatever the number
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from towerbench.core.tfrecord_format import Features
 from towerbench.model.tfrecords import decode_example
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -48,12 +54,19 @@ class Distortions:
         )
 
 
-def network_input_shape(image_shape: Sequence[int], crop_size: int | None) -> tuple[int, int, int]:
-    """(H, W, C) the network sees: the crop, or the full image."""
-    height, width, channels = (int(size) for size in image_shape)
-    if crop_size is None:
-        return height, width, channels
-    return crop_size, crop_size, channels
+def network_input_shape(
+    features: Features | Sequence[int], crop_size: int | None
+) -> tuple[int, ...]:
+    """The shape the network sees: an image's crop, or the whole example."""
+    features = Features.of(features)
+    if crop_size is None or not features.is_image:
+        return features.shape
+    return crop_size, crop_size, features.shape[-1]
+
+
+def undistorted(values: tf.Tensor, features: Features) -> tf.Tensor:
+    """Data other than images as the network gets it: int32 token ids, or float32 values."""
+    return tf.cast(values, tf.int32 if features.integer else tf.float32)
 
 
 def distort(image: tf.Tensor, seed: tf.Tensor, distortions: Distortions) -> tf.Tensor:
@@ -118,7 +131,7 @@ def _records(files: Sequence[str]) -> tf.data.Dataset:
 
 def train_dataset(
     files: Sequence[str],
-    image_shape: Sequence[int],
+    features: Features | Sequence[int],
     plan: EpochPlan,
     distortions: Distortions,
     seed: int,
@@ -127,15 +140,18 @@ def train_dataset(
     worker: int = 0,
 ) -> tf.data.Dataset:
     """Epoch `epoch`'s batches from step `start_step` on: (images (B, h, w, C) f32, labels (B,)),
-    or with several workers worker `worker`'s slices of them (B / workers examples)."""
-    shape = [int(size) for size in image_shape]
+    or for other data (examples (B, ...) f32 or int32, labels); with several workers worker
+    `worker`'s slices of them (B / workers examples). `distortions` apply to images only."""
+    features = Features.of(features)
     stream_seed = seed * 1_000_003 + epoch  # a fresh order every epoch, the same on resume
 
     @tf.autograph.experimental.do_not_convert
     def prepare(index: tf.Tensor, record: tf.Tensor):
-        image, label = decode_example(record, shape)
+        values, label = decode_example(record, features)
+        if not features.is_image:
+            return undistorted(values, features), label
         example_seed = tf.stack([tf.constant(stream_seed, tf.int64), index])
-        return distort(image, example_seed, distortions), label
+        return distort(values, example_seed, distortions), label
 
     records = _records(files).shuffle(
         min(plan.examples, MAX_SHUFFLE_BUFFER), seed=stream_seed, reshuffle_each_iteration=False
@@ -160,24 +176,26 @@ def train_dataset(
 
 
 def evaluation_dataset(
-    files: Sequence[str], image_shape: Sequence[int], crop_size: int | None, batch: int
+    files: Sequence[str], features: Features | Sequence[int], crop_size: int | None, batch: int
 ) -> tf.data.Dataset:
     """Every example exactly once, in fixed-size batches: (images, labels, mask).
 
     The final partial batch is padded to `batch` (label -1, mask False), so one compiled
     evaluation function serves every batch and padding is never counted.
     """
-    shape = [int(size) for size in image_shape]
+    features = Features.of(features)
 
     @tf.autograph.experimental.do_not_convert
     def prepare(record: tf.Tensor):
-        image, label = decode_example(record, shape)
-        return evaluation_image(image, crop_size), label
+        values, label = decode_example(record, features)
+        if not features.is_image:
+            return undistorted(values, features), label
+        return evaluation_image(values, crop_size), label
 
     @tf.autograph.experimental.do_not_convert
     def pad(images: tf.Tensor, labels: tf.Tensor):
         missing = batch - tf.shape(labels)[0]
-        images = tf.pad(images, [[0, missing], [0, 0], [0, 0], [0, 0]])
+        images = tf.pad(images, [[0, missing]] + [[0, 0]] * len(features.shape))
         labels = tf.pad(labels, [[0, missing]], constant_values=-1)
         images.set_shape([batch, *images.shape[1:]])
         labels.set_shape([batch])

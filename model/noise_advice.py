@@ -26,6 +26,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+# The formulas a sweep's `budget: noise` applies live with the sweep's budgets (config/grid.py).
+from towerbench.config.grid import epochs_needed, noise_budget
+
+__all__ = ["EPOCHS_TOLERANCE", "advising_noise_scale", "epochs_needed", "noise_budget"]
+
 # Equal epochs suffice when a batch needs at most this many times the reference's epochs
 # (the report's verdicts and the advise recipe both judge by it).
 EPOCHS_TOLERANCE = 1.25
@@ -38,9 +43,3 @@ def advising_noise_scale(per_epoch: Iterable[float | None]) -> float | None:
     if not usable:
         return None
     return len(usable) / sum(1.0 / value for value in usable)
-
-
-def epochs_needed(noise_scale: float, reference_batch: float, global_batch: float) -> float:
-    """How many times the reference batch's epochs batch B needs for the same progress at this
-    noise scale: (1 + B / B_noise) / (1 + b0 / B_noise)."""
-    return (1 + global_batch / noise_scale) / (1 + reference_batch / noise_scale)

@@ -18,6 +18,9 @@ It measures three things:
   finished run: a network starts at about ln C and may stay on that plateau for a few dozen steps
   before it learns.
 - **Whether the network has BatchNorm** (linear scaling suits BatchNorm networks better).
+
+It also times the k-tower step (the LR trials' wall time per step after the first
+`UNTIMED_STEPS`, input included), from which advise predicts what its recipe costs.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ MICRO_BATCHES = 4  # gradients per step of the noise probe: the most of 4, 2 tha
 WINDOW = 10  # steps the divergence check averages the training cross-entropy over
 WARMUP_FRACTION = 0.25  # of each LR trial's steps
 NOISE_SAMPLES = 5  # noise-scale values kept along the noise probe (to show it growing)
+UNTIMED_STEPS = 5  # a trial's first steps (tracing, compiling, filling buffers) are not timed
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ class LearningRateTrial:
     steps: int  # made (fewer than asked when it diverged)
     last_loss: float
     diverged: str | None = None  # why it stopped early
+    step_seconds: float | None = None  # wall time per step after UNTIMED_STEPS; None: too few
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,14 @@ class ProbeResult:
     trials: list[LearningRateTrial]
     seconds: float
     tower_devices: tuple[str, ...] = ()  # where the LR trials' towers ran
+    device_kind: str | None = None  # model.devices: "physical GPU", "logical CPU", ...
+    train_examples: int | None = None  # in the training split (an epoch)
+
+    @property
+    def step_seconds(self) -> float | None:
+        """Seconds per k-tower step: the median over the LR trials that were timed."""
+        timed = sorted(t.step_seconds for t in self.trials if t.step_seconds is not None)
+        return timed[len(timed) // 2] if timed else None
 
     @property
     def largest_stable_lr(self) -> float | None:
@@ -137,6 +150,8 @@ def probe(
         trials=trials,
         seconds=time.perf_counter() - started,
         tower_devices=tuple(device.devices),
+        device_kind=device.kind,
+        train_examples=manifest.splits["train"].examples,
     )
 
 
@@ -166,7 +181,7 @@ class _Session:
 
         config = self.config
         keras.utils.set_random_seed(config.seed)
-        shape = network_input_shape(self.manifest.image_shape, config.crop_size)
+        shape = network_input_shape(self.manifest.features, config.crop_size)
         with tf.device(self.device.parameter_device):
             network = build_network(
                 config.model, shape, len(self.manifest.classes), config.seed, config.precision
@@ -205,7 +220,7 @@ class _Session:
         while True:
             yield from train_dataset(
                 self.train_files,
-                self.manifest.image_shape,
+                self.manifest.features,
                 plan,
                 distortions,
                 self.config.seed,
@@ -214,19 +229,25 @@ class _Session:
             epoch += 1
 
     def _run(self, trainer, batch: int, towers: int, steps: int, on_step=None):
-        """Up to `steps` steps; the per-step cross-entropies and why it stopped early."""
+        """Up to `steps` steps; the per-step cross-entropies, why it stopped early, and the wall
+        time per step after UNTIMED_STEPS (None with too few)."""
         losses: list[float] = []
         classes = len(self.manifest.classes)
+        timed_from = time.perf_counter()
         for images, labels in self._batches(batch, towers):
             if int(images.shape[0]) != batch:
                 continue  # an epoch's short last batch: keep every step at one batch size
             trainer.step(images, labels)
-            losses.append(float(trainer.last_cross_entropy.numpy()))
+            losses.append(float(trainer.last_cross_entropy.numpy()))  # waits for the step
+            if len(losses) == UNTIMED_STEPS:
+                timed_from = time.perf_counter()
             if on_step is not None:
                 on_step(len(losses))
             reason = divergence(losses, classes)
             if reason is not None or len(losses) >= steps:
-                return losses, reason
+                timed = len(losses) - UNTIMED_STEPS
+                seconds = (time.perf_counter() - timed_from) / timed if timed > 0 else None
+                return losses, reason, seconds
         raise AssertionError("unreachable: the batches never end")
 
     def noise_probe(self, steps: int) -> NoiseProbe:
@@ -241,7 +262,7 @@ class _Session:
             if micro > 1 and step % every == 0:
                 along.append((step, trainer.noise.value()))
 
-        losses, _ = self._run(trainer, batch, micro, steps, sample)
+        losses, _, _ = self._run(trainer, batch, micro, steps, sample)
         value = trainer.noise.value() if micro > 1 else math.nan
         return NoiseProbe(
             noise_scale=value if math.isfinite(value) else None,
@@ -265,8 +286,9 @@ class _Session:
         )  # from `base` up to `learning_rate` over `warmup` steps, then held there
         trainer = self._trainer(towers, schedule)
         batch = self.config.global_batch * towers
-        losses, reason = self._run(trainer, batch, towers, steps)
-        return LearningRateTrial(learning_rate, len(losses), _mean(losses[-WINDOW:]), reason)
+        losses, reason, seconds = self._run(trainer, batch, towers, steps)
+        last = _mean(losses[-WINDOW:])
+        return LearningRateTrial(learning_rate, len(losses), last, reason, seconds)
 
 
 def _mean(values: list[float]) -> float:

@@ -6,26 +6,29 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from towerbench.core.tfrecord_format import Features
+
 
 def decode_example(
-    serialized: tf.Tensor, image_shape: Sequence[int] | None = None
+    serialized: tf.Tensor, features: Features | Sequence[int] | None = None
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """One serialised example -> (image uint8 [H, W, C], label int32 []).
+    """One serialised example -> (values [*shape] of its dtype, label int32 []).
 
-    Pass `image_shape=manifest.image_shape` to get a fully static shape (what Keras layers and
-    XLA want); without it the shape comes from the record and is only known at run time.
+    Pass `features=manifest.features` (a bare shape means uint8 pixels, as `image_shape` always
+    did) to get a fully static shape (what Keras layers and XLA want); without it the example is
+    an image whose [H, W, C] comes from the record and is only known at run time.
     """
-    features = tf.io.parse_single_example(
+    known = None if features is None else Features.of(features)
+    rank = 3 if known is None else len(known.shape)
+    parsed = tf.io.parse_single_example(
         serialized,
         {
             "image": tf.io.FixedLenFeature([], tf.string),
             "label": tf.io.FixedLenFeature([], tf.int64),
-            "shape": tf.io.FixedLenFeature([3], tf.int64),
+            "shape": tf.io.FixedLenFeature([rank], tf.int64),
         },
     )
-    pixels = tf.io.decode_raw(features["image"], tf.uint8)
-    if image_shape is None:
-        image = tf.reshape(pixels, features["shape"])
-    else:
-        image = tf.reshape(pixels, [int(size) for size in image_shape])
-    return image, tf.cast(features["label"], tf.int32)
+    dtype = tf.uint8 if known is None else tf.dtypes.as_dtype(known.dtype)
+    values = tf.io.decode_raw(parsed["image"], dtype, little_endian=True)
+    shape = parsed["shape"] if known is None else list(known.shape)
+    return tf.reshape(values, shape), tf.cast(parsed["label"], tf.int32)

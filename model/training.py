@@ -143,7 +143,7 @@ def _set_up(
         network.model,
         devices.devices[0],
         test_files,
-        manifest.image_shape,
+        manifest.features,
         config.crop_size,
         len(manifest.classes),
     )
@@ -189,7 +189,7 @@ def _tower_trainer(
     from towerbench.model.towers import TowerTrainer
 
     keras.utils.set_random_seed(config.seed)
-    input_shape = network_input_shape(manifest.image_shape, config.crop_size)
+    input_shape = network_input_shape(manifest.features, config.crop_size)
     with tf.device(devices.parameter_device):
         network = build_network(
             config.model, input_shape, len(manifest.classes), config.seed, config.precision
@@ -326,7 +326,7 @@ def _train_one_epoch(run: _Run, on_progress: ProgressCallback | None) -> EpochRe
     epoch_index, start = divmod(run.step, run.plan.steps)
     batches = train_dataset(
         run.train_files,
-        run.manifest.image_shape,
+        run.manifest.features,
         run.plan,
         run.distortions,
         run.config.seed,

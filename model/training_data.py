@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from towerbench.config.model_ref import parse_model
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.tfrecord_format import (
@@ -22,10 +23,33 @@ from towerbench.core.tfrecord_format import (
 )
 
 
+def distortions_note(config: TrainConfig, data_dir: Path) -> str | None:
+    """For the configuration's echo: that crops, flips and colour distortions are off because
+    the preprocessed dataset holds no uint8 images (None for images: they apply as configured)."""
+    features = load_manifest(dataset_dir(data_dir, config.dataset)).features
+    if features.is_image:
+        return None
+    return (
+        f"input: {config.dataset!r} holds {features.describe()}: crops, flips and colour "
+        "distortions are off (they apply to uint8 images (H, W, 1 or 3) only)"
+    )
+
+
+def _check_network_takes(config: TrainConfig, manifest: Manifest) -> None:
+    """A built-in network is a CNN over (H, W, C): other data needs the user's own model."""
+    features = manifest.features
+    if parse_model(config.model).builtin and len(features.shape) != 3:
+        raise TowerbenchError(
+            f"--model {config.model}: a built-in network takes images (H, W, C), "
+            f"{config.dataset!r} holds {features.describe()}; pass your own model "
+            "(--model path/to/file.py:build)"
+        )
+
+
 def check_config_against_data(config: TrainConfig, manifest: Manifest) -> None:
     """Refuse settings the dataset cannot satisfy, naming the option."""
     examples = manifest.splits["train"].examples
-    height, width, _ = manifest.image_shape
+    _check_network_takes(config, manifest)
     if config.towers > examples:
         raise TowerbenchError(
             f"--towers {config.towers} exceeds the {examples} training examples of "
@@ -34,9 +58,11 @@ def check_config_against_data(config: TrainConfig, manifest: Manifest) -> None:
     if config.global_batch > examples:
         raise TowerbenchError(
             f"--global-batch {config.global_batch} exceeds the {examples} training examples of "
-            f"{config.dataset!r}"
+            f"{config.dataset!r}: the train split must hold at least one global batch"
         )
-    if config.crop_size is not None and config.crop_size > min(height, width):
+    cropped = manifest.features.is_image and config.crop_size is not None  # else fed whole
+    if cropped and config.crop_size > min(manifest.image_shape[:2]):
+        height, width, _ = manifest.image_shape
         raise TowerbenchError(
             f"--crop-size {config.crop_size} is larger than the {height}x{width} images of "
             f"{config.dataset!r} (use a smaller crop or --crop-size none)"

@@ -3,8 +3,10 @@ shared store needs and one-line errors for the ones it lacks."""
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
+import socket
 from pathlib import Path
 
 from towerbench.core.errors import TowerbenchError
@@ -13,6 +15,25 @@ from towerbench.serve.deployments import server_environment, tool
 # `mlflow server --app-name basic-auth` refuses to start without these (MLflow 3.17 has no
 # default admin password); they come from the environment, never from a file in the project.
 BASIC_AUTH_SETTINGS = ("MLFLOW_FLASK_SERVER_SECRET_KEY", "MLFLOW_AUTH_ADMIN_PASSWORD")
+
+
+def check_address_free(host: str, port: int) -> None:
+    """Refuse, in one line, an address `mlflow server` could not listen on (a port in use, a
+    host that is not this machine's): its own error would come after it had started."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+            probe.bind(address)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise TowerbenchError(
+                f"--port {port}: {host}:{port} is already in use (another server listens "
+                "there): stop it or choose another --port"
+            ) from None
+        raise TowerbenchError(
+            f"--host {host}: cannot listen there ({error.strerror or error})"
+        ) from None
 
 
 def server_command(
@@ -32,6 +53,7 @@ def server_command(
             f"--backend-store-uri {backend_store_uri.split('@')[-1]}: PostgreSQL needs the "
             "psycopg driver: pip install 'towerbench[team]'"
         )
+    check_address_free(host, port)
     mlflow = tool("mlflow")
     if not Path(mlflow).is_file():
         raise TowerbenchError("no `mlflow` command in this environment or on PATH")

@@ -27,7 +27,7 @@ def pipeline_runner(
 
     def run() -> float:
         batches = train_dataset(
-            files, manifest.image_shape, plan, distortions, config.seed, next(epochs)
+            files, manifest.features, plan, distortions, config.seed, next(epochs)
         )
 
         def drain() -> None:

@@ -6,14 +6,18 @@ tasks running in Prefect's worker threads and training processes never attach to
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
-import hashlib
 import json
+import socket
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
+import psutil
 from mlflow.data.dataset import Dataset
 from mlflow.data.numpy_dataset import from_numpy
 from mlflow.entities import DatasetInput, InputTag, Param, Run, RunStatus, RunTag
@@ -26,8 +30,12 @@ from towerbench.config.optimizers import adascale_power
 from towerbench.config.params import SWEEP_AXES, TrackingConfig
 from towerbench.config.sections import TrainConfig
 from towerbench.config.tracking_uri import check_store_exists
+from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Outcome, Status
 from towerbench.core.tfrecord_format import MANIFEST_NAME, dataset_dir, load_manifest
+from towerbench.tasks.preflight import MLFLOW_PROBE
+from towerbench.tasks.sweep_lock import config_key
+from towerbench.tasks.sweep_lock import sweep_key as sweep_key  # read from here too
 
 KIND_TAG = "towerbench.kind"  # "sweep" on parent runs, "config" on each configuration's run
 FLOW_TAG = "towerbench.flow"  # which flow made a sweep: "sweep", "pipeline", "nightly" or "advise"
@@ -44,6 +52,11 @@ UNSTABLE_TAG = "towerbench.unstable"  # why a completed run counts as unstable (
 # fields (before 2026-12 the grid's alone; readers take the grid's with `swept_besides_axes`).
 SWEPT_TAG = "towerbench.swept"
 SWEEP_KEY_TAG = "towerbench.sweep_key"  # what a sweep trains, on which data: resume finds it
+SWEEP_PARTS_TAG = "towerbench.sweep_parts"  # the key's parts (tasks/sweep_lock.py:sweep_parts)
+# The process that closes a run (host:pid:start time): a run RUNNING whose owner is gone was
+# left by a dead attempt; the next sweep or advise closes it KILLED, naming what replaced it.
+OWNER_TAG = "towerbench.owner"
+REPLACED_BY_TAG = "towerbench.replaced_by"
 # Where a pool's worker ran a configuration (`towerbench sweep --pool`).
 HOST_TAG = "towerbench.host"
 WORKER_TAG = "towerbench.worker"
@@ -70,6 +83,39 @@ RUNS_VIEW = {
     ]
 }
 RUNS_LINK = f"{TRAINING_VIEW}&viewStateShareKey={RUNS_VIEW_KEY}"
+
+
+class TrackingServerLost(TowerbenchError):
+    """The tracking server stopped answering mid-command: nothing was wrong with the input, a
+    run could not go on (exit status 1); the same command resumes once it answers again."""
+
+    exit_status = 1
+
+
+# How long the tracking server has to answer once a request to it failed.
+LOST_SERVER_SECONDS = 5.0
+
+
+@contextlib.contextmanager
+def tracking_server_watched(tracking: TrackingConfig) -> Iterator[None]:
+    """Raise an MLflow failure in the block as `TrackingServerLost` (one line) when the
+    tracking server has stopped answering; as itself otherwise."""
+    try:
+        yield
+    except MlflowException:
+        uri = tracking.tracking_uri or ""
+        if not uri.startswith(("http://", "https://")):
+            raise
+        try:
+            httpx.get(uri.rstrip("/") + MLFLOW_PROBE, timeout=LOST_SERVER_SECONDS)
+        except httpx.HTTPError as lost:
+            raise TrackingServerLost(
+                f"lost the MLflow tracking server {uri} ({lost or type(lost).__name__}); the "
+                "runs keep their checkpoints: once it answers, run the same command again to "
+                "resume"
+            ) from None
+        raise
+
 
 # SQLite stores this process found complete (a created schema never becomes incomplete again).
 _READY_STORES: set[str] = set()
@@ -160,7 +206,7 @@ def dataset_input(data_dir: Path, dataset: str, data_version: str) -> Dataset:
     folder = dataset_dir(data_dir, dataset)
     manifest = load_manifest(folder)
     # A one-example placeholder: MLflow profiles the array; the digest identifies the data.
-    placeholder = np.zeros([1, *manifest.image_shape], dtype=np.uint8)
+    placeholder = np.zeros([1, *manifest.image_shape], dtype=manifest.dtype)
     # MLflow digests hold at most 36 characters: a DVC `<md5>.dir` fits, a prefixed one is cut.
     digest = data_version if len(data_version) <= 36 else data_version.rsplit(":", 1)[-1][:36]
     with warnings.catch_warnings():
@@ -188,21 +234,6 @@ def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> Non
     items = [Param(key, value) for key, value in params.items()]
     for start in range(0, len(items), 100):  # MLflow's batch limit
         client.log_batch(run_id, params=items[start : start + 100])
-
-
-def config_key(config: TrainConfig) -> str:
-    """A configuration's identity across versions: its values that differ from the defaults
-    (a field added later, at its default, leaves the key unchanged)."""
-    return json.dumps(config.model_dump(mode="json", exclude_defaults=True), sort_keys=True)
-
-
-def sweep_key(configs: list[TrainConfig], data_versions: list[str], flow: str) -> str:
-    """The same configurations on the same data from the same flow, and the same content of
-    every model file: the same sweep (editing a model file starts a new one)."""
-    digests = sorted({provenance(c.model).get("model_digest", "") for c in configs} - {""})
-    identity = [flow, sorted(data_versions), [config_key(c) for c in configs]]
-    payload = json.dumps(identity + [digests] if digests else identity)
-    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 def unfinished_sweep(tracking: TrackingConfig, experiment_id: str, key: str) -> str | None:
@@ -239,7 +270,65 @@ def reopen_run(tracking: TrackingConfig, run_id: str, status: Status | None = No
         client.delete_tag(run_id, ERROR_TAG)
     if status is not None:
         client.set_tag(run_id, STATUS_TAG, status)
+    client.set_tag(run_id, OWNER_TAG, this_process())
     client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+
+
+def this_process() -> str:
+    """This process as OWNER_TAG records it: host, pid and start time (a pid is reused)."""
+    process = psutil.Process()
+    return f"{socket.gethostname()}:{process.pid}:{process.create_time():.2f}"
+
+
+def owner_gone(run: Run) -> bool:
+    """Whether the process that owns `run` (OWNER_TAG) has ended; False when unknown (no tag,
+    or a process of another host, which cannot be seen from here)."""
+    host, _, process = run.data.tags.get(OWNER_TAG, "").partition(":")
+    if host != socket.gethostname():
+        return False
+    pid, _, started = process.partition(":")
+    try:
+        return f"{psutil.Process(int(pid)).create_time():.2f}" != started
+    except psutil.NoSuchProcess:
+        return True
+
+
+def close_dead_runs(tracking: TrackingConfig, experiment_id: str, replaced_by: str) -> int:
+    """Close the runs of `experiment_id` that a dead attempt left RUNNING (their owner gone):
+    KILLED, tagged with the run that replaced them (`replaced_by`, the run this process now
+    owns); how many."""
+    client = client_for(tracking)
+    running = client.search_runs(
+        [experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=5000
+    )
+    dead = [run for run in running if run.info.run_id != replaced_by and owner_gone(run)]
+    reason = f"its process ended without closing it; replaced by run {replaced_by}"
+    for run in dead:
+        tags = [RunTag(REPLACED_BY_TAG, replaced_by), RunTag(ERROR_TAG, reason)]
+        if run.data.tags.get(KIND_TAG) == "config":
+            tags.append(RunTag(STATUS_TAG, Status.FAILED))
+        client.log_batch(run.info.run_id, tags=tags)
+        client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.KILLED))
+    return len(dead)
+
+
+def claim_run(tracking: TrackingConfig, run_id: str) -> None:
+    """Record this process as the owner of `run_id`, and close what dead attempts left RUNNING
+    in its experiment (replaced by it)."""
+    client = client_for(tracking)
+    client.set_tag(run_id, OWNER_TAG, this_process())
+    close_dead_runs(tracking, client.get_run(run_id).info.experiment_id, run_id)
+
+
+def last_sweep(tracking: TrackingConfig, experiment_id: str, flow: str) -> Run | None:
+    """The newest parent run of a `flow` sweep in the experiment."""
+    runs = client_for(tracking).search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{KIND_TAG}` = 'sweep' and tags.`{FLOW_TAG}` = '{flow}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0] if runs else None
 
 
 def start_sweep_run(
@@ -250,19 +339,20 @@ def start_sweep_run(
     params: dict[str, Any],
     swept: list[str],
     key: str,
+    parts: dict[str, Any] | None = None,
 ) -> str:
     """Create the parent run of a sweep and return its id."""
     client = client_for(tracking)
-    run = client.create_run(
-        experiment_id,
-        run_name=name,
-        tags={
-            KIND_TAG: "sweep",
-            FLOW_TAG: flow,
-            SWEPT_TAG: json.dumps(swept),
-            SWEEP_KEY_TAG: key,
-        },
-    )
+    tags = {
+        KIND_TAG: "sweep",
+        FLOW_TAG: flow,
+        SWEPT_TAG: json.dumps(swept),
+        SWEEP_KEY_TAG: key,
+        OWNER_TAG: this_process(),
+    }
+    if parts is not None:
+        tags[SWEEP_PARTS_TAG] = json.dumps(parts)
+    run = client.create_run(experiment_id, run_name=name, tags=tags)
     log_params(client, run.info.run_id, flat_params(params))
     return run.info.run_id
 
@@ -285,8 +375,10 @@ def create_config_run(
     name: str,
     group: str,
     data_version: str,
+    extra: dict[str, str] | None = None,
 ) -> str:
-    """Create the nested run of one configuration, with every config field as a param."""
+    """Create the nested run of one configuration, with every config field as a param (and
+    `extra` ones: its budget)."""
     client = client_for(tracking)
     run = client.create_run(
         experiment_id,
@@ -298,12 +390,14 @@ def create_config_run(
             GROUP_TAG: group,
             CONFIG_TAG: config.model_dump_json(),
             DATA_VERSION_TAG: data_version,
+            OWNER_TAG: this_process(),
         },
     )
     params = flat_params(config.model_dump(mode="json"))
     params.update(flat_params({"effective": effective_optimizer(config)}))
     params["data_version"] = data_version
     params.update(provenance(config.model))
+    params.update(extra or {})
     log_params(client, run.info.run_id, params)
     return run.info.run_id
 
@@ -311,10 +405,13 @@ def create_config_run(
 def run_outcome(run: Run) -> Outcome:
     """How a configuration's run ended, as the sweep summarises it: status, test accuracy, the
     pool worker that ran it, why it is unstable or failed."""
-    tags = run.data.tags
+    tags, metrics = run.data.tags, run.data.metrics
+    steps = metrics.get("steps")
     return Outcome(
         status=tags.get(STATUS_TAG, Status.FAILED),
-        test_accuracy=run.data.metrics.get("test_accuracy"),
+        test_accuracy=metrics.get("test_accuracy"),
+        epochs=metrics.get("epochs"),
+        steps=int(steps) if steps is not None else None,
         worker=tags.get(WORKER_TAG),
         unstable=tags.get(UNSTABLE_TAG) or None,
         error=tags.get(ERROR_TAG) or None,

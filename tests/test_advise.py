@@ -93,28 +93,35 @@ RECIPE = choose_recipe(
 )  # fmt: skip
 
 
-def _sweep(many: list[float]) -> SweepResult:
-    ones = [0.90, 0.91, 0.92]
+def _sweep(many: list[float], ones: tuple[float, ...] = (0.90, 0.91, 0.92)) -> SweepResult:
     configs = [_summary(1, seed, a, 10.0) for seed, a in enumerate(ones)]
     configs += [_summary(4, seed, a, 25.0) for seed, a in enumerate(many)]
     return SweepResult(parent_run_id="p", mlflow_url="u", configs=configs, report="r.md")
 
 
 def test_the_verdict_says_whether_the_recipe_reached_one_tower_and_what_it_cost() -> None:
-    reached = verify_outcome(_sweep([0.905, 0.915, 0.91]), RECIPE)
+    tight = (0.910, 0.911, 0.912)
+    reached = verify_outcome(_sweep([0.9105, 0.9115, 0.911], tight), RECIPE)
     assert reached.reached and reached.verdict.startswith(
         "the recipe reached the 1-tower accuracy: Δ +0.0 pp, 95% CI [−"
     )
+    assert "(the interval lies above −1 pp)" in reached.verdict
     assert "took 2.50× the 1-tower time" in reached.verdict and reached.time_ratio == 2.5
+    # Within 1 pp on average, as the old rule had it "reached", but the interval is ±2 pp.
+    close = verify_outcome(_sweep([0.905, 0.915, 0.91]), RECIPE)
+    assert close.outcome == "inconclusive" and not close.reached
     missed = verify_outcome(_sweep([0.85, 0.86, 0.87]), RECIPE)
-    assert not missed.reached and missed.verdict.startswith("it did not: Δ −5.0 pp, 95% CI [")
+    assert not missed.reached and missed.verdict.startswith(
+        "the recipe did not reach the 1-tower accuracy: Δ −5.0 pp, 95% CI ["
+    )
     assert "next thing to try: " in missed.verdict and missed.outcome == "missed"
     assert missed.difference_pp == pytest.approx(-5.0)
     # 5 pp below on average, but one seed as good as 1 tower: the interval reaches 0.
     unsure = verify_outcome(_sweep([0.92, 0.80, 0.86]), RECIPE)
     assert unsure.outcome == "inconclusive" and not unsure.reached
     assert unsure.verdict.startswith("inconclusive: Δ −5.0 pp, 95% CI [−")
-    assert "more seeds (--seeds) would narrow it" in unsure.verdict
+    assert "seeds per side would decide it at the measured spread" in unsure.verdict
+    assert unsure.seeds_needed is not None and unsure.seeds_needed > 3
 
 
 def test_verification_trains_one_tower_and_the_recipe_not_the_mixed_shapes() -> None:
@@ -148,9 +155,11 @@ COMMAND_SAYING_ITS_IMPORTS = (
 )
 
 
-def _advise(project: Path, elsewhere: Path, *options: str, env: dict | None = None):
-    """`towerbench advise --params project/params.yaml OPTIONS --json` in its own process;
-    its document, stderr and wall-clock seconds."""
+def _advise(
+    project: Path, elsewhere: Path, *options: str, env: dict | None = None, status: int = 0
+):
+    """`towerbench advise --params project/params.yaml OPTIONS --json` in its own process
+    (exiting with `status`); its document, stderr and wall-clock seconds."""
     started = time.perf_counter()
     completed = subprocess.run(
         [sys.executable, "-c", COMMAND_SAYING_ITS_IMPORTS, "advise"]
@@ -162,7 +171,7 @@ def _advise(project: Path, elsewhere: Path, *options: str, env: dict | None = No
         timeout=900,
     )
     seconds = time.perf_counter() - started
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.returncode == status, completed.stderr[-3000:]
     return json.loads(completed.stdout), completed.stderr, seconds
 
 
@@ -209,14 +218,26 @@ def test_advise_without_verification_probes_chooses_and_keeps_the_recipe(
         "warmup epochs",
         "budget",
         "schedule",
+        "cost",
     ]
+    # The predicted steps and time of the 2-tower run: 480 examples, batch 64 (8 steps an
+    # epoch), 2 epochs times the budget's factor, at the probe's measured step time.
+    prediction = document["recipe"]["prediction"]
+    factor = {"epochs": 1.0, "updates": 2.0}.get(document["recipe"]["budget"]["value"])
+    if factor is None:  # noise
+        noise = document["recipe"]["budget"]["noise_scale"]
+        factor = (1 + 64 / noise) / (1 + 32 / noise)
+    assert prediction["steps"] == round(2 * factor * 8) and prediction["reference_steps"] == 30
+    assert prediction["step_seconds"] > 0 and prediction["logical"] is True
+    assert prediction["seconds"] == pytest.approx(prediction["steps"] * prediction["step_seconds"])
+    assert "prediction; towers are logical devices" in lines[-1]
     _check_recipe_file(document)
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     run = client.get_run(document["advise_run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["towerbench.kind"] == "advise"
     assert "largest_stable_lr" in run.data.metrics
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
-    assert artifacts == {"recipe.txt", Path(document["params_file"]).name}
+    assert artifacts == {"advice.md", "advice.html", Path(document["params_file"]).name}
 
 
 @pytest.mark.slow
@@ -266,3 +287,24 @@ def test_advise_verifies_the_recipe_with_a_sweep_and_a_report(
         filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
     )
     assert sorted(int(run.data.params["towers"]) for run in children) == [1, 1, 2, 2]
+
+
+@pytest.mark.slow
+def test_advise_when_every_run_diverges_states_no_difference_and_exits_1(
+    tmp_path: Path,
+) -> None:
+    """base_lr 50: the probe says to lower train.base_lr and to what; both sides diverge, so
+    the verdict compares nothing, repeats that advice, and the command exits 1."""
+    project = tmp_path / "project"
+    project.mkdir()
+    fixtures_model.write_digits_project(
+        project, PARAMS.replace("base_lr: 0.02", "base_lr: 50"), train=160, test=40
+    )
+    options = ["--seeds", "1", "--probe-steps", "20"]
+    document, stderr, _ = _advise(project, tmp_path, *options, status=1)
+    verification = document["verification"]
+    verdict = verification["verdict"]
+    assert verification["outcome"] == "diverged" and verification["difference_pp"] is None
+    assert verdict.startswith("every recipe run diverged (1/1 at 2 towers")
+    assert "the probe's advice: lower train.base_lr from 50 to 5" in verdict
+    assert "Δ" not in verdict and "reused" not in verdict and "more epochs" not in verdict

@@ -25,13 +25,15 @@ CASES = {
             instability=DIVERGED,
             decay="constant",
         ),
-        ("sqrt", 1.0, "updates", "linear"),
+        ("sqrt", 1.0, "noise", "linear"),
         [
             "global batch 512 is 2.6× the noise scale 196 (probe)",
             "predicted gain 1.83 of 4, within 25% of sqrt's 2.00",
             f"linear's LR 0.4 is above the largest stable LR 0.3 at batch 512 ({DIVERGED})",
-            "each extra example buys less (equal progress needs ≈ 2.2× the epochs); equal "
-            "updates recommended (4× the epochs)",
+            # (1 + 512/196) / (1 + 128/196) = 708 / 324 = 2.185
+            "equal progress needs (1 + B/B_noise) / (1 + b0/B_noise) = 2.19× the epochs "
+            "(McCandlish et al.): 10.9 epochs, against 20 for equal updates and 5 for equal "
+            "epochs",
             "constant leaves the LR at 1× its peak after 5 epochs: decay it linearly to 0",
         ],
     ),
@@ -45,12 +47,12 @@ CASES = {
             noise_scale_source="final value",
             decay="linear",
         ),
-        ("linear", 2.0, "epochs", "linear"),
+        ("linear", 2.0, "noise", "linear"),
         [
             "global batch 512 is well below the noise scale 9228 (final value)",
             "within 25% of linear's 4.00",
             "warm up over 2 of 12 epochs",
-            "equal progress needs 1.04× the epochs; equal epochs suffice",
+            "= 1.04× the epochs (McCandlish et al.): 12.5 epochs, against 48 for equal updates",
             "linear ends at 0× the peak LR: annealed, kept",
         ],
     ),
@@ -67,23 +69,27 @@ CASES = {
     ),
     "adascale's LR above the stable LR": (
         dict(LRN, has_batchnorm=True, noise_scale=1024, largest_stable_lr=0.25),
-        ("sqrt", 1.5, "updates", "linear"),
+        ("sqrt", 1.5, "noise", "linear"),
         [
             "the nearest stable rule is sqrt (2.00)",
             "adascale's LR 0.3 is above the largest stable LR 0.25",
             "warm up over 1.5 of 10 epochs",
-            "equal progress needs ≈ 1.3× the epochs",
+            "= 1.33× the epochs",
         ],
     ),
     "no LR is stable": (
         dict(LRN, has_batchnorm=False, noise_scale=196, largest_stable_lr=0.15),
-        ("none", 0.0, "updates", "linear"),
+        ("none", 0.0, "noise", "linear"),
         ["even sqrt's LR 0.2 is above the largest stable LR 0.15 at batch 512: keep the base LR"],
     ),
     "not even the base LR is stable": (
         dict(LRN, has_batchnorm=False, noise_scale=196, largest_stable_lr=0.0),
-        ("none", 0.0, "updates", "linear"),
-        ["not even the base LR 0.1 was stable at batch 512", "lower train.base_lr"],
+        ("none", 0.0, "noise", "linear"),
+        [
+            "not even the base LR 0.1 was stable at batch 512",
+            "lower train.base_lr from 0.1 to 0.01 (a tenth: the probe found no LR stable at "
+            "batch 512)",
+        ],
     ),
     "one tower": (
         dict(LRN, towers=1, has_batchnorm=False, noise_scale=196),
@@ -108,7 +114,7 @@ CASES = {
             decay="piecewise",
             decay_boundaries=(5.0, 8.0),
         ),
-        ("linear", 1.5, "epochs", "piecewise"),
+        ("linear", 1.5, "noise", "piecewise"),
         ["piecewise ends at 0.01× the peak LR: annealed, kept"],
     ),
 }
@@ -147,7 +153,15 @@ def test_recipe_as_params_sections():
         "sweep": {"lr_scaling": ["adascale"], "warmup_epochs": [0.0], "budget": "epochs"},
     }
     sqrt = choose_recipe(Measurements(**CASES["LRN, batch above the noise scale"][0]))
-    assert sqrt.sections()["sweep"]["budget"] == "updates"
+    assert sqrt.sections()["sweep"] == {
+        "lr_scaling": ["sqrt"],
+        "warmup_epochs": [1.0],
+        "budget": "noise",
+        "noise_scale": 196,
+    }
+    unmeasured = choose_recipe(Measurements(**dict(LRN, has_batchnorm=True)))
+    assert unmeasured.sections()["sweep"]["budget"] == "updates"
+    assert "noise_scale" not in unmeasured.sections()["sweep"]
 
 
 def test_bad_measurements_are_refused_by_name():

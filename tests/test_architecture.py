@@ -29,6 +29,7 @@ FLOORS = (
     "serve",
     "overhead",
     "cli",
+    "api",  # beside cli/: towerbench from Python; neither imports the other
 )
 PURE = ("core", "config", "model", "ingest", "speed")  # no orchestration library
 
@@ -96,6 +97,16 @@ def test_imports_point_down(package: str, higher: set[str]) -> None:
     assert not offenders, f"{package}/ imports a higher floor: {offenders}"
 
 
+def test_api_stands_beside_cli() -> None:
+    """The Python functions call what the commands call, never the commands' own code."""
+    offenders = [
+        module_name(path)
+        for path in sorted((ROOT / "api").rglob("*.py"))
+        if any(name.split(".")[0] == "cli" for name in towerbench_imports(path))
+    ]
+    assert not offenders, f"api/ imports cli/: {offenders}"
+
+
 @pytest.mark.parametrize("package", PURE)
 def test_lower_floors_import_no_orchestration_library(package: str) -> None:
     offenders = {
@@ -144,7 +155,7 @@ def test_no_circle_of_imports_inside_a_package(package: str) -> None:
 def test_the_installed_package_is_towerbench_alone(tmp_path) -> None:
     """The wheel holds one top-level package, `towerbench`, with every module of every floor."""
     source = tmp_path / "source"  # setuptools writes build/ beside the sources
-    for package in FLOORS:
+    for package in (*FLOORS, "towerbench"):
         shutil.copytree(
             ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
         )
@@ -175,6 +186,7 @@ def test_the_installed_package_is_towerbench_alone(tmp_path) -> None:
         for package in FLOORS
         for path in (ROOT / package).rglob("*.py")
     }
+    expected.add("towerbench/__init__.py")
     assert expected <= set(names), sorted(expected - set(names))
 
 
@@ -198,7 +210,7 @@ def test_orchestrating_processes_import_neither_tensorflow_nor_scikit_learn() ->
         "towerbench.flows.pipeline",
         "towerbench.flows.advise",
     ]
-    modules += ["towerbench.flows.fan_out", "towerbench.flows.config_run"]
+    modules += ["towerbench.flows.fan_out", "towerbench.flows.config_run", "towerbench.api.face"]
     assert loaded_alongside(modules, {"sklearn", "tensorflow"}) == []
 
 

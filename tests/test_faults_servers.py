@@ -137,3 +137,67 @@ def test_mlflow_http_retries_are_bounded_unless_the_user_chose(monkeypatch):
         MLFLOW_HTTP_DEFAULTS["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
     )
     assert MLFLOW_HTTP_REQUEST_TIMEOUT.get() == 45
+
+
+def _start_mlflow_app(tmp_path: Path) -> tuple[subprocess.Popen, str]:
+    """MLFLOW_APP on a SQLite store in `tmp_path`, answering; (process, URL)."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    app = subprocess.Popen(
+        [sys.executable, "-c", MLFLOW_APP, store, str(tmp_path / "artifacts")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{app.stdout.readline().strip()}"
+    httpx.get(url + MLFLOW_PROBE, timeout=120)  # its tables are made on first use
+    return app, url
+
+
+def test_a_tracking_server_lost_mid_sweep_ends_it_in_one_last_line_with_status_1(tmp_path):
+    fixtures_model.write_digits(tmp_path / "data", train=240, test=80)
+    app, url = _start_mlflow_app(tmp_path)
+    argv = [sys.executable, "-m", "towerbench.cli.main", "sweep", "--dataset", "digits"]
+    argv += ["--towers", "1", "--seeds", "0", "--epochs", "500", "--tracking-uri", url]
+    argv += ["--data-dir", str(tmp_path / "data"), "--report-dir", str(tmp_path / "reports")]
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    sweep = subprocess.Popen(argv, cwd=ROOT, env=environment, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in sweep.stderr:
+            lines.append(line.rstrip("\n"))
+            if "epoch 1:" in line:
+                break
+        app.kill()
+        app.wait()
+        lines += sweep.stderr.read().splitlines()
+        status = sweep.wait(timeout=120)
+    finally:
+        app.kill()
+        sweep.kill()
+        sweep.wait()
+    shown = "\n".join(lines[-40:])
+    assert status == 1, shown
+    assert "Traceback" not in "\n".join(lines), shown
+    last = lines[-1]
+    assert last.startswith("towerbench sweep: error: ") and url in last, shown
+    assert last.endswith("run the same command again to resume"), shown
+
+
+def test_tracking_serve_on_a_taken_port_is_one_line_and_status_2(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "towerbench.cli.main", "tracking", "serve", "--port", str(port)]
+            + ["--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+            + ["--artifacts-destination", str(tmp_path / "artifacts")],
+            cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line == (
+        f"towerbench tracking: error: --port {port}: 127.0.0.1:{port} is already in use "
+        "(another server listens there): stop it or choose another --port"
+    )
+    assert not (tmp_path / "mlflow.db").exists()  # nothing was started

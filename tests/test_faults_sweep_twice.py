@@ -1,5 +1,6 @@
-"""The same sweep started twice (issue 29): the second start refuses in one line naming the live
-process, and once that process is gone (killed, even) the sweep can be started again."""
+"""The same sweep started twice (issues 29, 40): the second start refuses in one line naming the
+live process, within 2 s (before Prefect's temporary server starts), and once that process is
+gone (killed, even) the sweep can be started again."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from towerbench.core.errors import TowerbenchError
 from towerbench.tasks.sweep_lock import only_live_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
+REFUSED_WITHIN_SECONDS = 2
 
 HOLD_THE_LOCK = """
 import sys, time
@@ -72,13 +75,18 @@ def test_the_same_sweep_started_twice_refuses_the_second(tmp_path) -> None:
         for line in first.stderr:  # the first holds the lock once it trains
             if "epoch 1:" in line:
                 break
+        started = time.monotonic()
         second = subprocess.run(
             _sweep_command(data_dir), cwd=ROOT, env=environment, capture_output=True, text=True,
             timeout=300,
         )  # fmt: skip
+        seconds = time.monotonic() - started
         assert second.returncode == 2, second.stderr[-3000:]
-        (error,) = [line for line in second.stderr.splitlines() if "sweep: error:" in line]
+        # Refused before Prefect's temporary server starts: its one line alone, at once.
+        (error,) = second.stderr.strip().splitlines()
+        assert error.startswith("towerbench sweep: error: "), error
         assert f"the same sweep is already running (process {first.pid} on" in error, error
+        assert seconds < REFUSED_WITHIN_SECONDS, f"refused after {seconds:.1f} s"
         assert first.poll() is None  # the live sweep goes on
     finally:
         first.send_signal(signal.SIGINT)

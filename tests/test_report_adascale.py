@@ -30,7 +30,9 @@ def test_adascale_and_the_noise_scale_are_logged_per_epoch_and_reported(tmp_path
     data_dir = fixtures_model.write_digits(tmp_path / "data", train=192, test=40, shards=1)
     tracking = resolve_tracking(TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"))
     experiment_id = ensure_experiment(tracking, "adascale")
-    parent = start_sweep_run(tracking, experiment_id, "adascale", "sweep", {}, [], key="k")
+    parent = start_sweep_run(
+        tracking, experiment_id, "adascale", "sweep", {}, [], key="k", parts={}
+    )
     # Budget: 3 reference epochs of 192 / 16 = 12 steps; 2 towers of 16 make 18 to 36 steps.
     common = dict(dataset="digits", reference_batch=16, epochs=3, base_lr=BASE_LR)
     configs = {
@@ -83,3 +85,15 @@ def test_adascale_and_the_noise_scale_are_logged_per_epoch_and_reported(tmp_path
     )
     assert f" / {run.data.metrics['steps']:.0f} |" in adascale_row  # tau / updates
     assert f"| {mean_gain:.2f} · " in adascale_row
+
+    # The configurations table: the epochs and updates it trained, not the 3 configured.
+    trained, steps = run.data.metrics["epochs"], run.data.metrics["steps"]
+    assert trained == pytest.approx(steps / 6)  # 192 examples at batch 32
+    budget = " (budget 3)" if abs(trained / 3 - 1) > 0.02 else ""
+    setup_row = next(line for line in text.splitlines() if line.startswith("| adascale | 32 | "))
+    assert setup_row.endswith(f"| {trained:.3g}{budget} | {steps:.0f} | 1/1 |"), setup_row
+    one = client.get_run(run_ids["1 tower"]).data.metrics
+    assert one["epochs"] == 3 and f"| 1 tower | 16 | 0.05 | 3 | {one['steps']:.0f} | 1/1 |" in text
+    seen = f"{trained / 3:.2f}× the training examples of `1 tower` ({trained:.3g} epochs trained"
+    verdict = next(line for line in text.splitlines() if line.startswith("- **adascale**: "))
+    assert (f"; it saw {seen}" in verdict) == (trained / 3 > 1.05)

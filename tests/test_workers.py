@@ -130,6 +130,35 @@ def test_a_killed_worker_ends_the_run_and_the_resumed_workers_match_one_process_
 
 
 @pytest.mark.slow
+def test_workers_whose_launcher_is_killed_end_without_a_traceback(
+    params_file: Path, tmp_path: Path
+) -> None:
+    """SIGKILL to `train --workers 2`: the chief, whose epoch lines the launcher was reading,
+    finds its stdout a broken pipe; it and the other worker end quietly within seconds."""
+    command = [sys.executable, "-m", "towerbench.cli.main", "train", "--params", str(params_file)]
+    command += ["--workers", "2", "--epochs", "100", "--checkpoint-dir", str(tmp_path / "ck")]
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as stderr:
+        launcher = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
+    try:
+        for line in launcher.stdout:
+            if line.startswith("epoch"):  # the chief is writing its epochs to the launcher
+                break
+        workers = _worker_processes(psutil.Process(launcher.pid))
+        assert sorted(workers) == [0, 1]
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        _, alive = psutil.wait_procs(list(workers.values()), timeout=30)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert not alive
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+@pytest.mark.slow
 def test_gradcheck_across_workers_matches_one_device(params_file: Path, capfd) -> None:
     status = main(
         ["gradcheck", "--workers", "2", "--towers", "2", "--global-batch", "16", "--json"]

@@ -6,7 +6,6 @@ import argparse
 
 from pydantic import ValidationError
 
-from towerbench.cli.commands.orchestrate import prepare_prefect
 from towerbench.cli.console import CommandResult
 from towerbench.cli.options import (
     add_json_option,
@@ -22,6 +21,7 @@ from towerbench.config.params import ReportConfig, TrackingConfig
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.core.errors import TowerbenchError, describe_validation_error
 from towerbench.core.tfrecord_format import MANIFEST_NAME, dataset_dir
+from towerbench.serve.startup import prepare_prefect
 
 CHOSEN = frozenset({"model", "dataset", "optimizer"})  # what advise takes from train: here
 
@@ -60,10 +60,13 @@ def run_advise_command(args: argparse.Namespace) -> CommandResult:
     for line in result.lines:
         print(line)
     print(f"Recipe: {result.params_file}")
-    if result.verification is not None:
-        print(f"Report: {result.verification.report}")
-        print(result.verification.verdict)
-    return CommandResult(0, result.model_dump(mode="json"))
+    verification = result.verification
+    if verification is not None:
+        print(f"Report: {verification.report}")
+        print(verification.verdict)
+    # Every recipe run diverged: exit 1, as a run that diverged does.
+    status = 1 if verification is not None and verification.outcome == "diverged" else 0
+    return CommandResult(status, result.model_dump(mode="json"))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import typing
 from pathlib import Path
@@ -32,33 +31,11 @@ from towerbench.config.tracking_uri import check_store_exists
 from towerbench.core.outcome import Status, SweepResult
 from towerbench.core.reaper import temporary_files_of_this_process
 from towerbench.model.training_data import check_training_data
+from towerbench.serve.startup import prepare_prefect, sweep_lock
 from towerbench.tasks.data.dvc_stages import check_dvc_project
-
-# Prefect starts a temporary API server when none is configured; its default 20 s start-up
-# budget is too short on a busy 2-core machine.
-EPHEMERAL_STARTUP_SECONDS = 120
 
 TRAIN_LIST_FIELDS = frozenset(name for name in TrainConfig.model_fields if name not in SWEEP_AXES)
 DEFAULT_PARAMS = Path("params.yaml")
-
-
-def prepare_prefect(params: Params) -> None:
-    """Servers checked (one line and exit 2 if one is down); then, when this machine trains the
-    sweep, the training processes' fork server started (its imports overlap what follows); then
-    Prefect's temporary server started as ours (when no API URL is set). This process never
-    imports TensorFlow: training, preprocessing and evaluation run in processes of their own."""
-    os.environ.setdefault(
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(EPHEMERAL_STARTUP_SECONDS)
-    )
-    from towerbench.tasks.preflight import check_servers
-
-    check_servers(params.tracking.tracking_uri)  # before the slow imports and any training
-    from towerbench.tasks.training.fork_server import start_fork_server_for
-
-    start_fork_server_for(expand(params.train, params.sweep), params.sweep.pool)
-    from towerbench.serve.temporary_server import start_owned_temporary_server
-
-    start_owned_temporary_server(EPHEMERAL_STARTUP_SECONDS)
 
 
 def _training_overrides(args: argparse.Namespace) -> list[Override]:
@@ -97,7 +74,10 @@ def sweep_run_from_args(args: argparse.Namespace) -> Params:
     return _checked(load(args.params, overrides))
 
 
-JSON_FIELDS = {"run_id", "towers", "workers", "seed", "status", "worker", "test_accuracy"}
+JSON_FIELDS = {
+    *("run_id", "towers", "workers", "seed", "status", "worker", "test_accuracy"),
+    *("epochs", "steps"),  # as trained
+}
 
 
 def _result(outcome: SweepResult) -> CommandResult:
@@ -120,10 +100,12 @@ def run_sweep_command(args: argparse.Namespace) -> CommandResult:
     params = sweep_run_from_args(args)
     # Each dataset there, suiting every configuration, its shards intact: before anything starts.
     check_training_data(expand(params.train, params.sweep), params.data.data_dir)
-    prepare_prefect(params)
-    from towerbench.flows.sweep import sweep_params
+    # A second start of a live sweep is refused before Prefect's temporary server starts.
+    with sweep_lock(params):
+        prepare_prefect(params)
+        from towerbench.flows.sweep import sweep_params
 
-    return _result(sweep_params(params, fresh=args.fresh))
+        return _result(sweep_params(params, fresh=args.fresh))
 
 
 def run_pipeline_command(args: argparse.Namespace) -> CommandResult:

@@ -24,7 +24,7 @@ from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.core.outcome import Status
 from towerbench.model.cluster import TF_CONFIG, Cluster
 from towerbench.model.records import EpochRecord
-from towerbench.model.training_data import check_training_data
+from towerbench.model.training_data import check_training_data, distortions_note
 from towerbench.tasks.training.local_cluster import run_local_cluster
 
 if TYPE_CHECKING:  # imported with TensorFlow, once the command runs
@@ -75,12 +75,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gradcheck.set_defaults(handler=run_gradcheck_command)
 
 
-def _describe_config(config: TrainConfig) -> str:
+def _describe_config(config: TrainConfig, data_dir: Path) -> str:
     presets = config.preset_fields()
     lines = ["configuration: " + json.dumps(config.model_dump(mode="json"))]
     if presets:
         shown = ", ".join(f"{name}={value}" for name, value in presets.items())
         lines.append(f"presets for {config.model}/{config.dataset}: {shown}")
+    note = distortions_note(config, data_dir)  # distortions off for data other than images
+    if note is not None:
+        lines.append(note)
     return "\n".join(lines)
 
 
@@ -170,7 +173,7 @@ def run_train(args: argparse.Namespace) -> CommandResult:
     check_training_data([config], params.data.data_dir)
     if config.workers > 1 and not os.environ.get(TF_CONFIG):
         return _run_local_cluster(args, config.workers)
-    print(_describe_config(config), flush=True)
+    print(_describe_config(config, params.data.data_dir), flush=True)
     import_tensorflow()
     from towerbench.model.training import train
 
@@ -211,10 +214,11 @@ def gradcheck_images(config: TrainConfig, data_dir: Path) -> tuple[dict, str]:
     if not (folder / MANIFEST_NAME).is_file():
         return {}, f"32x32x3, 10 classes: no preprocessed {config.dataset!r} in {data_dir}"
     manifest = load_manifest(folder)
-    shape = network_input_shape(manifest.image_shape, config.crop_size)
+    shape = network_input_shape(manifest.features, config.crop_size)
     classes = len(manifest.classes)
     why = f"{'x'.join(map(str, shape))}, {classes} classes: the shape {config.dataset!r} feeds"
-    return {"input_shape": shape, "num_classes": classes}, why
+    given = {"input_shape": shape, "num_classes": classes}
+    return {**given, "integer_inputs": manifest.features.integer}, why
 
 
 def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:

@@ -1,23 +1,42 @@
 """What `towerbench advise` keeps: the recipe as a params file to reuse (`advise-<id>.yaml`),
-and an MLflow run (kind `advise`) with the probe's numbers, the recipe and the verdict."""
+an MLflow run (kind `advise`) with the probe's numbers, its dataset and data version (the one a
+sweep records), the advice as `advice.md`/`advice.html` and the verdict, and the same advice as
+the Prefect run's markdown artifact `advice`."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 from mlflow.entities import Metric, RunTag
+from mlflow.exceptions import MlflowException
+from prefect.artifacts import create_markdown_artifact
+from prefect.context import FlowRunContext
 from pydantic import BaseModel
 
 from towerbench.config.params import Params, SweepGrid
 from towerbench.config.sections import TrainConfig
+from towerbench.core.errors import TowerbenchError
 from towerbench.core.files import write_atomically
+from towerbench.core.markdown import markdown_table
+from towerbench.core.tfrecord_format import dataset_dir
 from towerbench.model.probe import ProbeResult
 from towerbench.tasks.advise.recipe import Measurements, Recipe
 from towerbench.tasks.advise.verdict import Verification
+from towerbench.tasks.data.check import manifest_digest
+from towerbench.tasks.data.dvc_stages import (
+    FORM_DATASETS,
+    PREPROCESS_STAGE,
+    DataStages,
+    data_version,
+    run_dvc,
+)
+from towerbench.tasks.report.publish import report_html
 from towerbench.tasks.tracking import (
     KIND_TAG,
     client_for,
@@ -25,6 +44,7 @@ from towerbench.tasks.tracking import (
     experiment_name,
     flat_params,
     log_params,
+    log_sweep_inputs,
 )
 
 SWEEP_TAG = "towerbench.advise.sweep"  # the verification sweep's parent run
@@ -38,7 +58,7 @@ class Advice(BaseModel):
     params_file: str
     probe: dict[str, Any]
     measurements: dict[str, Any]
-    recipe: dict[str, dict[str, Any]]  # choice -> {value, reason}
+    recipe: dict[str, dict[str, Any]]  # choice -> {value, reason}; "prediction": the cost
     lines: list[str]  # what the command prints
     verification: Verification | None = None
 
@@ -53,7 +73,8 @@ def probe_document(result: ProbeResult) -> dict[str, Any]:
 
 def recipe_document(recipe: Recipe) -> dict[str, dict[str, Any]]:
     """Each choice as {value, reason}; the optimizer's with its hyperparameters as the K-tower
-    run uses them."""
+    run uses them, the budget's with the noise scale it uses; and the predicted cost
+    (`prediction`: steps, reference_steps, seconds, step_seconds, devices, logical, text)."""
     choices = {
         "optimizer": recipe.optimizer,
         "lr_scaling": recipe.lr_scaling,
@@ -63,6 +84,10 @@ def recipe_document(recipe: Recipe) -> dict[str, dict[str, Any]]:
     }
     document = {name: dataclasses.asdict(choice) for name, choice in choices.items()}
     document["optimizer"]["hyperparameters"] = recipe.hyperparameters
+    document["budget"]["noise_scale"] = recipe.noise_scale
+    if recipe.prediction is not None:
+        prediction = recipe.prediction
+        document["prediction"] = dataclasses.asdict(prediction) | {"text": prediction.text()}
     return document
 
 
@@ -90,13 +115,166 @@ def write_params_file(
     return path
 
 
+def _built_by(folder: Path, data_dir: Path, dataset: str) -> bool:
+    """`folder`'s dvc.lock built `dataset`'s TFRecords under `data_dir` and they still match it
+    (`dvc status` finds no changed output)."""
+    lock = yaml.safe_load((folder / "dvc.lock").read_text()) or {}
+    outs = lock.get("stages", {}).get(PREPROCESS_STAGE, {}).get("outs") or [{}]
+    built = folder / str(outs[0].get("path", ""))
+    if built.resolve() != dataset_dir(data_dir, dataset).resolve():
+        return False
+    project = next((p for p in (folder, *folder.parents) if (p / ".dvc").is_dir()), folder)
+    target = DataStages(project, folder).target(PREPROCESS_STAGE)
+    try:
+        status = json.loads(run_dvc(project, "status", target, "--json").stdout or "{}")
+    except (TowerbenchError, ValueError):
+        return False
+    changes = [change for stage in status.values() for change in stage]
+    return not any(
+        isinstance(c, dict) and ("changed outs" in c or "changed checksum" in c) for c in changes
+    )
+
+
+def advice_data_version(data_dir: Path, dataset: str) -> str:
+    """The data version a sweep records for `dataset`: the DVC hash from the dvc.lock that built
+    its TFRecords (the project's, or a form dataset's FORM_DATASETS/<name>/) while they match
+    it, else the md5 of its manifest (tasks/data/check.py)."""
+    data_dir = Path(data_dir).resolve()
+    projects = dict.fromkeys([Path.cwd(), data_dir.parent])
+    folders = [f for p in projects for f in (p, *sorted((p / FORM_DATASETS).glob("*")))]
+    for folder in folders:
+        if (folder / "dvc.lock").is_file() and _built_by(folder, data_dir, dataset):
+            return data_version(folder)
+    return manifest_digest(data_dir, dataset)
+
+
 def start_advice_run(params: Params, towers: int) -> str:
-    """The advise run in the experiment the verification sweep logs to; its id."""
-    tracking = params.tracking
+    """The advise run in the experiment the verification sweep logs to, with its dataset as
+    input and its data version as a sweep records them; its id."""
+    tracking, dataset = params.tracking, params.train.dataset
     experiment_id = ensure_experiment(tracking, experiment_name(tracking, params.train))
-    name = f"advise {params.train.dataset} {towers} towers {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    name = f"advise {dataset} {towers} towers {time.strftime('%Y-%m-%d %H:%M:%S')}"
     run = client_for(tracking).create_run(experiment_id, run_name=name, tags={KIND_TAG: "advise"})
-    return run.info.run_id
+    run_id, data_dir = run.info.run_id, Path(params.data.data_dir).resolve()
+    version = advice_data_version(data_dir, dataset)
+    log_params(client_for(tracking), run_id, {"data_version": version})
+    log_sweep_inputs(tracking, run_id, data_dir, {dataset: version})
+    return run_id
+
+
+ADVICE_FILE = "advice"  # advice.md and advice.html in the advise run
+VERDICT_HEADING = "## Verdict"
+UNVERIFIED = (
+    "Not verified (yet): unless `--no-verify` was given, the verification sweep trains 1 tower "
+    "and the recipe's towers now; its verdict replaces this section."
+)
+
+
+def _number(value: float | None, pattern: str, unit: str = "") -> str:
+    return "—" if value is None else f"{format(value, pattern)}{unit}"
+
+
+def measurements_table(measured: Measurements) -> str:
+    """What the probe measured, each with how it was measured."""
+    rows = [
+        ["noise scale", _number(measured.noise_scale, ".0f"), measured.noise_scale_source],
+        [
+            f"largest stable LR at batch {measured.global_batch}",
+            _number(measured.largest_stable_lr, ".3g"),
+            measured.instability or "no trial diverged",
+        ],
+        ["BatchNorm", "yes" if measured.has_batchnorm else "no", "in the network"],
+        [
+            "time per step at the K-tower batch",
+            _number(measured.step_seconds, ".3g", " s"),
+            measured.device_kind or "devices unknown",
+        ],
+        ["training examples", _number(measured.train_examples, ","), "an epoch"],
+    ]
+    return markdown_table(["measurement", "value", "how"], rows)
+
+
+def recipe_table(recipe: Recipe) -> str:
+    """Each choice with its value and the number behind it (its reason)."""
+    choices = [
+        ("optimizer", recipe.optimizer),
+        ("LR scaling", recipe.lr_scaling),
+        ("warmup epochs", recipe.warmup_epochs),
+        ("budget", recipe.budget),
+        ("schedule", recipe.decay),
+    ]
+    rows = [
+        [name, f"{c.value:g}" if isinstance(c.value, float) else str(c.value), c.reason]
+        for name, c in choices
+    ]
+    return markdown_table(["choice", "value", "the number behind it"], rows)
+
+
+def verdict_section(verification: Verification | None) -> str:
+    """The verdict with its interval and the verification sweep's report, or UNVERIFIED."""
+    if verification is None:
+        return f"{VERDICT_HEADING}\n\n{UNVERIFIED}\n"
+    low, high = verification.ci_low_pp, verification.ci_high_pp
+    interval = "—" if low is None or high is None else f"[{low:+.1f}, {high:+.1f}] pp"
+    row = [
+        verification.outcome,
+        _number(verification.difference_pp, "+.1f", " pp"),
+        interval,
+        _number(verification.time_ratio, ".2f", "×"),
+    ]
+    table = markdown_table(["outcome", "Δ vs 1 tower", "95% CI", "time vs 1 tower"], [row])
+    return (
+        f"{VERDICT_HEADING}\n\n{verification.verdict}\n\n{table}\n\nVerification sweep: "
+        f"MLflow run `{verification.parent_run_id}`, report `{verification.report}`.\n"
+    )
+
+
+def advice_markdown(
+    title: str, measured: Measurements, recipe: Recipe, params_file: Path, probe: list[str]
+) -> str:
+    """The advice as markdown, up to (not including) its verdict section: the probe's lines
+    and measurements, the recipe table and its cost, the params file."""
+    cost = [] if recipe.prediction is None else [f"Cost: {recipe.prediction.text()}.", ""]
+    return "\n".join(
+        [
+            f"# {title}",
+            "",
+            "## Probe",
+            "",
+            *(f"- {line}" for line in probe),
+            "",
+            measurements_table(measured),
+            "",
+            "## Recipe",
+            "",
+            recipe_table(recipe),
+            "",
+            *cost,
+            f"Params file: `{params_file}` (`towerbench sweep --params {params_file}` runs the "
+            "verification again).",
+            "",
+        ]
+    )
+
+
+def publish_advice(params: Params, run_id: str, text: str) -> None:
+    """`text` as advice.md and advice.html in the advise run and, in a flow run, as its
+    markdown artifact `advice`."""
+    client = client_for(params.tracking)
+    client.log_text(run_id, text, f"{ADVICE_FILE}.md")
+    client.log_text(run_id, report_html(text, "towerbench advise"), f"{ADVICE_FILE}.html")
+    if FlowRunContext.get() is not None:
+        create_markdown_artifact(text, key="advice", description="towerbench advise: the recipe")
+
+
+def _logged_advice(params: Params, run_id: str) -> str | None:
+    """advice.md as the advise run holds it, or None."""
+    client = client_for(params.tracking)
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            return Path(client.download_artifacts(run_id, f"{ADVICE_FILE}.md", folder)).read_text()
+        except (MlflowException, OSError):
+            return None
 
 
 def log_advice(
@@ -106,8 +284,9 @@ def log_advice(
     recipe: Recipe,
     params_file: Path,
     lines: list[str],
-) -> None:
-    """The measurements as params and metrics, the recipe as text and as its params file."""
+) -> str:
+    """The measurements as params and metrics, the params file, and the advice (`lines`: the
+    probe's, then the recipe's) published (publish_advice) awaiting its verdict; its markdown."""
     client = client_for(params.tracking)
     values = dataclasses.asdict(measured)
     log_params(client, run_id, flat_params({"measured": values, **recipe.sections()}))
@@ -115,19 +294,25 @@ def log_advice(
         "noise_scale": measured.usable_noise_scale,
         "largest_stable_lr": measured.largest_stable_lr,
         "predicted_gain": recipe.predicted_gain,
+        "predicted_steps": recipe.prediction.steps if recipe.prediction else None,
+        "predicted_seconds": recipe.prediction.seconds if recipe.prediction else None,
     }
     now = int(time.time() * 1000)
     metrics = [Metric(key, value, now, 0) for key, value in numbers.items() if value is not None]
     client.log_batch(run_id, metrics=metrics)
-    client.log_text(run_id, "\n".join(lines) + "\n", "recipe.txt")
     client.log_artifact(run_id, str(params_file))
+    probe = lines[: len(lines) - len(recipe.lines())]
+    title = f"towerbench advise: {params.train.dataset} on {measured.towers} towers"
+    text = advice_markdown(title, measured, recipe, params_file, probe)
+    publish_advice(params, run_id, f"{text}\n{verdict_section(None)}")
+    return text
 
 
 def finish_advice_run(
     params: Params, run_id: str, verification: Verification | None, status: str
 ) -> None:
-    """The verdict (if verified) as tags and metrics, then the run closed with `status`
-    (FINISHED, FAILED or KILLED)."""
+    """The verdict (if verified) as tags and metrics and in the advice (publish_advice), then
+    the run closed with `status` (FINISHED, FAILED or KILLED)."""
     client = client_for(params.tracking)
     if verification is not None:
         tags = [RunTag(SWEEP_TAG, verification.parent_run_id)]
@@ -139,8 +324,15 @@ def finish_advice_run(
             "ci_high_pp": verification.ci_high_pp,
             "time_ratio": verification.time_ratio,
             "reached": float(verification.reached),
+            "measured_steps": verification.measured_steps,
+            "measured_seconds": verification.measured_seconds,
+            "seeds_needed": verification.seeds_needed,
         }
         tags.append(RunTag("towerbench.advise_outcome", verification.outcome))
         metrics = [Metric(k, v, now, 0) for k, v in numbers.items() if v is not None]
         client.log_batch(run_id, metrics=metrics, tags=tags)
+        logged = _logged_advice(params, run_id)
+        if logged is not None:
+            kept = logged.split(f"\n{VERDICT_HEADING}\n")[0]
+            publish_advice(params, run_id, f"{kept}\n{verdict_section(verification)}")
     client.set_terminated(run_id, status)

@@ -9,9 +9,6 @@ elsewhere.
 from __future__ import annotations
 
 import math
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +19,9 @@ from towerbench.config.optimizers import HYPERPARAMETERS, family
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.model.noise_advice import advising_noise_scale
-from towerbench.model.probe import ProbeResult
+from towerbench.model.probe import ProbeResult, probe
 from towerbench.tasks.advise.recipe import Measurements
-from towerbench.tasks.training.fork_server import main_module_hidden, start_fork_server
+from towerbench.tasks.training.fork_server import call_forked
 
 
 @dataclass(frozen=True)
@@ -52,32 +49,24 @@ class ProbeRequest:
         return sorted(rules)
 
 
-def _probe_here(request: ProbeRequest) -> ProbeResult:
-    from towerbench.model.probe import probe
-
-    return probe(
-        request.reference,
-        request.data_dir,
-        request.replicas,
-        request.learning_rates(),
-        request.steps,
-    )
-
-
 def run_probe(request: ProbeRequest) -> ProbeResult:
-    """The probe, in a process forked from the fork server; its TowerbenchError is raised here."""
-    start_fork_server()
-    context = multiprocessing.get_context("forkserver")
-    with ProcessPoolExecutor(1, mp_context=context) as pool:
-        with main_module_hidden():
-            future = pool.submit(_probe_here, request)  # starts the process
-        try:
-            return future.result()
-        except BrokenProcessPool:
-            raise TowerbenchError(
-                "the probe's process died (killed, or out of memory: the probe runs the "
-                f"global batch of {request.global_batch} on this host's tower devices)"
-            ) from None
+    """The probe, in a process forked from the training processes' fork server (it ends with
+    this process however this one ends); its TowerbenchError is raised here."""
+    try:
+        return call_forked(
+            "towerbench-probe",
+            probe,
+            request.reference,
+            request.data_dir,
+            request.replicas,
+            request.learning_rates(),
+            request.steps,
+        )
+    except ChildProcessError as error:
+        raise TowerbenchError(
+            f"the probe's process died ({error}: killed, or out of memory: the probe runs the "
+            f"global batch of {request.global_batch} on this host's tower devices)"
+        ) from None
 
 
 @task(name="probe", cache_policy=NO_CACHE)
@@ -177,4 +166,7 @@ def measurements(request: ProbeRequest, result: ProbeResult) -> Measurements:
             for name in sorted(HYPERPARAMETERS[reference.optimizer])
         ),
         weight_decay=reference.weight_decay,
+        train_examples=result.train_examples,
+        step_seconds=result.step_seconds,
+        device_kind=result.device_kind,
     )

@@ -17,11 +17,16 @@ The rules, and what they rest on:
   was its best rule (cure-updates, +7.1 pp); tutorial_bn's 9228 gives r 3.8, linear, which came
   within 0.4 pp of 1 tower (cure-bn).
 - **Budget.** Reaching the same loss takes S_min (1 + B_noise/B) steps (McCandlish et al.), so
-  B needs 1/r of the reference's steps, k/r of its epochs. Equal epochs when k/r <= 1.25, else
-  equal updates (Hoffer et al. 2017), which gives k >= k/r times the epochs. Measured here: k/r
-  1.04 (cure-bn) kept the gap within 0.4 pp at equal epochs; k/r 1.7-2.3 (LRN) lost 5.7-9.8 pp
-  at equal epochs and gained 7.1 pp at equal updates. `adascale` has its own budget: it ends when
-  its progress tau reaches the reference's number of updates.
+  B needs 1/r of the reference's steps, k/r = (1 + B/B_noise) / (1 + b0/B_noise) of its epochs:
+  the cheapest budget the measurement supports, `sweep.budget: noise` (between equal epochs and
+  equal updates). Without a noise scale, equal updates (Hoffer et al. 2017), k >= k/r times the
+  epochs, cannot fall short. Measured here: k/r 1.04 (cure-bn) kept the gap within 0.4 pp at
+  equal epochs; k/r 1.7-2.3 (LRN) lost 5.7-9.8 pp at equal epochs and gained 7.1 pp at equal
+  updates (4x the epochs). `adascale` has its own budget: it ends when its progress tau reaches
+  the reference's number of updates.
+- **Cost.** The predicted optimizer steps of the K-tower run under that budget, and its wall
+  time: those steps x the probe's measured time per K-tower step (training steps only, no
+  evaluation); a prediction for K real devices only when the probe ran on them.
 - **Warmup.** A scaled-up LR is reached by warmup (Goyal et al.: 5 of 90 epochs) over a sixth of
   the epochs, at least 1 and at most 5 (cure-bn: 2 of 12). AdaScale needs none.
 - **Schedule.** An LR that still stands near its peak at the end is annealed linearly to 0: with
@@ -47,6 +52,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from towerbench.config.grid import budget_factor, noise_budget
 from towerbench.config.optimizers import (
     ALL_HYPERPARAMETERS,
     LAYER_WISE,
@@ -54,10 +60,9 @@ from towerbench.config.optimizers import (
     effective_hyperparameters,
     family,
 )
-from towerbench.model.noise_advice import EPOCHS_TOLERANCE
 
 ScalingRule = Literal["none", "linear", "sqrt", "adascale"]
-Budget = Literal["epochs", "updates", "tau"]
+Budget = Literal["epochs", "updates", "noise", "tau"]
 
 # A fixed rule is used when its factor is within this ratio of the predicted gain.
 RULE_TOLERANCE = 1.25
@@ -89,6 +94,9 @@ class Measurements:
     optimizer: str = "sgd"
     optimizer_values: tuple[tuple[str, float], ...] = ()  # the user's hyperparameters
     weight_decay: float = 0.0
+    train_examples: int | None = None  # an epoch; None: no cost predicted
+    step_seconds: float | None = None  # the probe's wall time per K-tower step
+    device_kind: str | None = None  # where the probe's K towers ran (model.devices)
 
     def __post_init__(self) -> None:
         for name in ("towers", "per_tower_batch", "reference_batch", "base_lr", "epochs"):
@@ -117,6 +125,31 @@ class Choice:
 
 
 @dataclass(frozen=True)
+class Prediction:
+    """What the recipe's K-tower run is predicted to cost, against the 1-tower reference."""
+
+    steps: int  # optimizer steps of the K-tower run
+    reference_steps: int  # ... of the 1-tower reference
+    seconds: float | None  # steps x the probe's time per K-tower step (None: not timed)
+    step_seconds: float | None
+    devices: int  # K (over all workers)
+    logical: bool  # the probe's towers were logical devices split from one
+
+    def text(self) -> str:
+        """`predicted 1,832 optimizer steps (the 1-tower reference: 4,000) ≈ 73 s on 4 devices
+        (...)`."""
+        steps = f"{self.steps:,} optimizer steps (the 1-tower reference: {self.reference_steps:,})"
+        if self.seconds is None or self.step_seconds is None:
+            return f"predicted {steps}; time not predicted (the probe timed no step)"
+        caveat = "; prediction; towers are logical devices" if self.logical else ""
+        return (
+            f"predicted {steps} ≈ {self.seconds:.3g} s of training steps on {self.devices} "
+            f"devices ({self.step_seconds:.3g} s per step at the K-tower batch, measured by the "
+            f"probe{caveat})"
+        )
+
+
+@dataclass(frozen=True)
 class Recipe:
     lr_scaling: Choice
     warmup_epochs: Choice
@@ -125,9 +158,13 @@ class Recipe:
     predicted_gain: float | None
     optimizer: Choice
     hyperparameters: dict[str, float]  # the optimizer's, as the K-tower run uses them
+    noise_scale: float | None = None  # the one `budget: noise` uses
+    prediction: Prediction | None = None
+    if_diverged: str = ""  # the probe's advice should the recipe's runs diverge
 
     def lines(self) -> list[str]:
-        """`scaling: sqrt — reason`, one per choice."""
+        """`scaling: sqrt — reason`, one per choice, then the predicted cost."""
+        cost = [] if self.prediction is None else [f"cost: {self.prediction.text()}"]
         return [
             f"{name}: {choice.value:g} — {choice.reason}"
             if isinstance(choice.value, float)
@@ -139,19 +176,25 @@ class Recipe:
                 ("budget", self.budget),
                 ("schedule", self.decay),
             )
-        ]
+        ] + cost
+
+    @property
+    def sweep_budget(self) -> Literal["epochs", "updates", "noise"]:
+        """The budget as `sweep.budget` says it (adascale's tau budget runs unstretched:
+        `epochs` counts reference epochs)."""
+        value = self.budget.value
+        return value if value in ("updates", "noise") else "epochs"  # type: ignore[return-value]
 
     def sections(self) -> dict[str, dict[str, object]]:
-        """The recipe as params.yaml's `train:` and `sweep:` values (adascale's tau budget runs
-        unstretched: `epochs` counts reference epochs)."""
-        return {
-            "train": {"decay": self.decay.value},
-            "sweep": {
-                "lr_scaling": [self.lr_scaling.value],
-                "warmup_epochs": [self.warmup_epochs.value],
-                "budget": "updates" if self.budget.value == "updates" else "epochs",
-            },
+        """The recipe as params.yaml's `train:` and `sweep:` values."""
+        sweep: dict[str, object] = {
+            "lr_scaling": [self.lr_scaling.value],
+            "warmup_epochs": [self.warmup_epochs.value],
+            "budget": self.sweep_budget,
         }
+        if self.sweep_budget == "noise":
+            sweep["noise_scale"] = self.noise_scale
+        return {"train": {"decay": self.decay.value}, "sweep": sweep}
 
 
 def predicted_gain(noise_scale: float, reference_batch: int, global_batch: int) -> float:
@@ -174,14 +217,75 @@ def choose_recipe(measured: Measurements) -> Recipe:
         measured.scale,
         measured.weight_decay,
     ).items()
+    budget = _budget(measured, gain, rule)
     return Recipe(
         lr_scaling=scaling,
         warmup_epochs=_warmup(measured, rule),
-        budget=_budget(measured, gain, rule),
+        budget=budget,
         decay=_decay(measured, rule),
         predicted_gain=gain,
         optimizer=_optimizer(measured, rule, values),
         hyperparameters=values,
+        noise_scale=noise if budget.value == "noise" else None,
+        prediction=predict(measured, str(budget.value), gain),
+        if_diverged=stability_advice(measured, rule),
+    )
+
+
+def stability_advice(measured: Measurements, rule: str) -> str:
+    """What to change, and to what value, if the recipe's runs diverge: a peak LR half the
+    largest the probe found stable at the K-tower batch, or a tenth of the base LR when none
+    was (or none was probed)."""
+    base, batch = measured.base_lr, measured.global_batch
+    factor = {"linear": measured.scale, "sqrt": math.sqrt(measured.scale)}.get(rule, 1.0)
+    stable = measured.largest_stable_lr
+    seen = f"; {measured.instability}" if measured.instability else ""
+    if not stable:
+        found = "no LR" if stable == 0.0 else "no LR probed"
+        return (
+            f"lower train.base_lr from {base:g} to {base / 10:.3g} (a tenth: the probe found "
+            f"{found} stable at batch {batch}{seen}) and advise again"
+        )
+    peak = min(stable, base * factor) / 2
+    return (
+        f"lower train.base_lr from {base:g} to {peak / factor:.3g} (a peak LR of {peak:.3g} at "
+        f"batch {batch} under {rule} scaling: half the largest LR the probe found stable there, "
+        f"{stable:.3g}{seen}) and advise again"
+    )
+
+
+def _steps(epochs: float, examples: int, batch: int) -> int:
+    """A run's optimizer steps: `epochs` epochs of ceil(examples / batch) steps (model.training)."""
+    return max(round(epochs * -(-examples // batch)), 1)
+
+
+def predict(measured: Measurements, budget: str, gain: float | None) -> Prediction | None:
+    """The K-tower run's optimizer steps under `budget` and its wall time at the probe's step
+    time (None without the number of training examples). Under adascale (`tau`): the
+    reference's updates over the predicted gain (the updates themselves without one)."""
+    examples = measured.train_examples
+    if examples is None:
+        return None
+    batch, reference = measured.global_batch, measured.reference_batch
+    one_tower = measured.per_tower_batch
+    noise = measured.usable_noise_scale if budget == "noise" else None
+    sweep_budget = "updates" if budget == "updates" else ("noise" if noise else "epochs")
+
+    def factor(size: int, rule: str) -> float:
+        return budget_factor(size, reference, rule, sweep_budget, noise)
+
+    if budget == "tau":
+        steps = _steps(measured.epochs * batch / reference / (gain or 1.0), examples, batch)
+    else:
+        steps = _steps(measured.epochs * factor(batch, "linear"), examples, batch)
+    seconds = None if measured.step_seconds is None else steps * measured.step_seconds
+    return Prediction(
+        steps=steps,
+        reference_steps=_steps(measured.epochs * factor(one_tower, "none"), examples, one_tower),
+        seconds=seconds,
+        step_seconds=measured.step_seconds,
+        devices=measured.towers,
+        logical=(measured.device_kind or "").startswith("logical"),
     )
 
 
@@ -260,9 +364,9 @@ def _scaling(measured: Measurements, gain: float | None) -> Choice:
         if _unstable(measured, 1.0):
             return Choice(
                 "none",
-                f"not even the base LR {measured.base_lr:g} was stable at batch {batch}"
-                f"{instability}: no rule scales it up; this recipe is likely to diverge too, "
-                "lower train.base_lr (or use fewer towers) and advise again",
+                f"not even the base LR {measured.base_lr:g} was stable at batch {batch}: no "
+                "rule scales it up; this recipe is likely to diverge too: "
+                f"{stability_advice(measured, 'none')} (or use fewer towers)",
             )
         return Choice(
             "none",
@@ -339,23 +443,21 @@ def _budget(measured: Measurements, gain: float | None, rule: str) -> Choice:
             f"({measured.epochs:g} epochs at batch {measured.reference_batch}): between "
             f"{measured.epochs:g} and {measured.epochs * scale:g} epochs, as the gain decides",
         )
-    if gain is None:
+    noise = measured.usable_noise_scale
+    if gain is None or noise is None:
         return Choice(
             "updates",
             f"no noise scale measured: equal updates ({scale:g}× the epochs, Hoffer et al.) "
             "cannot fall short",
         )
-    needed = scale / gain
-    if needed <= EPOCHS_TOLERANCE:
-        return Choice(
-            "epochs",
-            f"{_batch_against_noise(measured)}: equal progress needs {needed:.2f}× the epochs; "
-            "equal epochs suffice",
-        )
+    needed = noise_budget(noise, measured.reference_batch, measured.global_batch)
     return Choice(
-        "updates",
-        f"{_batch_against_noise(measured)}: each extra example buys less (equal progress needs "
-        f"≈ {needed:.1f}× the epochs); equal updates recommended ({scale:g}× the epochs)",
+        "noise",
+        f"{_batch_against_noise(measured)}: equal progress needs (1 + B/B_noise) / "
+        f"(1 + b0/B_noise) = {needed:.2f}× the epochs (McCandlish et al.): "
+        f"{measured.epochs * needed:.3g} epochs, against {measured.epochs * scale:g} for equal "
+        "updates and "
+        f"{measured.epochs:g} for equal epochs",
     )
 
 

@@ -113,11 +113,33 @@ def models(rows: list[GroupRow]) -> str:
     )
 
 
+EPOCHS_ROUNDING = 0.02  # a last step rounded: 0.5 steps of 25 or more an epoch
+
+
+def trained_differs(trained: float, configured: float) -> bool:
+    """A run's epochs trained differ from its configured epochs by more than the rounding of its
+    last step: AdaScale's progress budget, an early stop or a divergence."""
+    return not math.isclose(trained, configured, rel_tol=EPOCHS_ROUNDING)
+
+
+def _epochs(row: GroupRow) -> str:
+    """`18.6 (budget 8)`: the epochs trained, then the configured epochs where they differ, and
+    the times the baseline's configured epochs where not the same (`7.33 (1.83×)`)."""
+    configured, factor = row.config.epochs, row.epochs_factor
+    budget = [f"budget {configured:.3g}"]
+    if row.epochs is not None and not trained_differs(row.epochs, configured):
+        budget = []
+    if factor is not None and not math.isclose(factor, 1.0, rel_tol=1e-6):
+        budget.append(f"{factor:.2f}×")
+    trained = number(row.epochs, ".3g")
+    return trained + (f" ({', '.join(budget)})" if budget else "")
+
+
 SETUP_COLUMNS: list[Column] = [
     ("configuration", lambda row: row.group),
     ("global batch", lambda row: str(row.config.global_batch)),
     ("peak LR", _peak_lr),
-    ("epochs", lambda row: f"{row.config.epochs:g}"),
+    ("epochs trained (budget)", _epochs),
     ("updates", lambda row: number(row.steps, ".0f")),
     ("seeds ok", lambda row: f"{_completed(row)}/{len(row.runs)}"),
 ]

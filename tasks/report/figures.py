@@ -1,7 +1,8 @@
 """The report's figures: test accuracy against epochs and wall time, losses and the gradient noise
 scale (with AdaScale's gain) against epochs.
 
-One colour per configuration, one line style per seed; epochs on integer ticks.
+One colour per configuration, one line style per seed, both explained by one legend to the right
+of the panels (never over the data); epochs on integer ticks.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: figures only go to files
 
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from towerbench.tasks.report.statistics import RunRecord  # noqa: E402
@@ -27,50 +29,70 @@ def _colours(records: list[RunRecord]) -> dict[str, tuple]:
     return {group: palette(index % 10) for index, group in enumerate(groups)}
 
 
+def _style(seed: int) -> str:
+    return SEED_STYLES[seed % len(SEED_STYLES)]
+
+
 def _plot_lines(axis, records, colours, points) -> None:
-    """One line per run; `points(record)` gives its (x, y); each group labelled once."""
-    labelled: set[str] = set()
+    """One line per run, its configuration's colour and its seed's style; `points(record)`
+    gives its (x, y)."""
     for record in records:
         x, y = points(record)
         axis.plot(
-            x,
-            y,
-            color=colours[record.group],
-            linestyle=SEED_STYLES[record.config.seed % len(SEED_STYLES)],
-            marker=".",
-            label=None if record.group in labelled else record.group,
+            x, y, color=colours[record.group], linestyle=_style(record.config.seed), marker="."
         )
-        labelled.add(record.group)
+
+
+def legend_entries(records: list[RunRecord], colours: dict[str, tuple]) -> list[Line2D]:
+    """A solid line per configuration in its colour, then (more than one seed) a grey line per
+    seed in its style: every colour and line style a figure draws."""
+    groups = dict.fromkeys(record.group for record in records)
+    entries = [Line2D([], [], color=colours[g], marker=".", label=g) for g in groups]
+    seeds = sorted({record.config.seed for record in records})
+    if len(seeds) > 1:
+        entries += [
+            Line2D([], [], color="grey", linestyle=_style(seed), label=f"seed {seed}")
+            for seed in seeds
+        ]
+    return entries
+
+
+def _figure(records, colours, panels: int, width: float):
+    """A figure of `panels` side by side, its legend in one column to their right (constrained
+    layout keeps it off the axes)."""
+    size = (width, 4.5)
+    figure, axes = plt.subplots(1, panels, figsize=size, layout="constrained", squeeze=False)
+    entries = legend_entries(records, colours)
+    figure.legend(handles=entries, loc="outside right upper", fontsize="small")
+    return figure, list(axes[0])
 
 
 def _save(figure, folder: Path, name: str) -> str:
-    figure.tight_layout()
     figure.savefig(folder / name, dpi=DPI)
     plt.close(figure)
     return name
 
 
 def _accuracy_figure(records, colours, x_key: str, x_label: str, folder: Path, name: str) -> str:
-    figure, axis = plt.subplots(figsize=(7, 4.5))
+    figure, (axis,) = _figure(records, colours, 1, 7)
     _plot_lines(axis, records, colours, lambda r: (getattr(r.curve, x_key), r.curve.accuracies))
     if x_key == "epochs":
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.set(xlabel=x_label, ylabel="test accuracy", title=f"Test accuracy vs {x_label}")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize="small")
     return _save(figure, folder, name)
 
 
 def _loss_figure(records, colours, folder: Path, name: str) -> str:
     """Training cross-entropy (all towers) and test cross-entropy per epoch, side by side."""
-    figure, (train_axis, test_axis) = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    figure, (train_axis, test_axis) = _figure(records, colours, 2, 11)
+    test_axis.sharey(train_axis)
     _plot_lines(train_axis, records, colours, lambda r: r.loss_curves.get("train", ([], [])))
     _plot_lines(test_axis, records, colours, lambda r: r.loss_curves.get("test", ([], [])))
     for axis, title in ((train_axis, "Training"), (test_axis, "Test")):
         axis.set(xlabel="epoch", ylabel="cross-entropy", title=f"{title} cross-entropy")
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.grid(alpha=0.3)
-    test_axis.legend(fontsize="small")
     return _save(figure, folder, name)
 
 
@@ -88,8 +110,8 @@ def _noise_figure(records, colours, folder: Path, name: str) -> str | None:
     if not measured:
         return None
     adascale = [record for record in records if "adascale_gain" in record.noise_curves]
-    figure, axes = plt.subplots(1, 2 if adascale else 1, figsize=(11 if adascale else 7, 4.5))
-    noise_axis = axes[0] if adascale else axes
+    figure, axes = _figure(measured, colours, 2 if adascale else 1, 11 if adascale else 7)
+    noise_axis = axes[0]
     _plot_lines(noise_axis, measured, colours, lambda r: _positive(r.noise_curves["noise_scale"]))
     noise_axis.set(ylabel="noise scale B_noise", title="Gradient noise scale (last ~100 steps)")
     noise_axis.set_yscale("log")
@@ -103,7 +125,6 @@ def _noise_figure(records, colours, folder: Path, name: str) -> str | None:
         axis.set(xlabel="epoch")
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.grid(alpha=0.3)
-        axis.legend(fontsize="small")
     return _save(figure, folder, name)
 
 

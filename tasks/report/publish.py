@@ -78,16 +78,21 @@ def _metric_key(group: str) -> str:
 
 
 def summary_metrics(rows: list[GroupRow]) -> dict[str, float]:
-    """Per configuration: mean test accuracy, and against 1 tower the difference and p-value."""
+    """Per configuration: mean test accuracy, epochs and updates as trained, and against 1 tower
+    the difference, p-value and the examples seen (its epochs trained / 1 tower's)."""
     metrics: dict[str, float] = {}
     for row in rows:
         key = _metric_key(row.group)
-        if row.accuracy.count:
-            metrics[f"accuracy/{key}"] = row.accuracy.mean
+        values = {
+            "accuracy": row.accuracy.mean if row.accuracy.count else None,
+            "epochs": row.epochs,
+            "updates": row.steps,
+            "examples_factor": row.examples_factor,
+        }
         if row.difference is not None:
-            metrics[f"delta_pp/{key}"] = 100 * row.difference.difference
-            if row.difference.p_value is not None:
-                metrics[f"p_value/{key}"] = row.difference.p_value
+            values["delta_pp"] = 100 * row.difference.difference
+            values["p_value"] = row.difference.p_value
+        metrics.update({f"{name}/{key}": v for name, v in values.items() if v is not None})
     return metrics
 
 
@@ -132,7 +137,7 @@ def write_report(
         say(partial)
     records = sweep_records(client, parent)
     swept = swept_besides_axes(parent)
-    rows, target = compare(records, swept, report.target_accuracy)
+    rows, target = compare(records, swept, report.target_accuracy, report.margin)
     header = ReportHeader(
         title=parent.info.run_name,
         parent_run_id=parent_run_id,

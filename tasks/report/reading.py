@@ -91,6 +91,7 @@ def run_record(client: MlflowClient, run: Run) -> RunRecord:
         error=tags.get(ERROR_TAG),
         unstable=tags.get(UNSTABLE_TAG),
         steps=metrics.get("steps"),
+        epochs=metrics.get("epochs"),
         losses={key: metrics[key] for key in LOSS_METRICS if key in metrics},
         loss_curves=loss_curves,
         noise_curves=noise_curves,

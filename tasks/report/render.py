@@ -20,7 +20,12 @@ from towerbench.tasks.report.columns import (
     speed_columns,
     table,
 )
-from towerbench.tasks.report.statistics import GroupRow, RunRecord, accuracy_by_epoch
+from towerbench.tasks.report.statistics import (
+    GroupRow,
+    RunRecord,
+    accuracy_by_epoch,
+    more_examples,
+)
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,28 @@ def _normalised(rows: list[GroupRow]) -> list[str]:
     ]
 
 
+EPOCHS_TEXT = (
+    "Epochs trained and updates are what the runs did (MLflow's `epochs` and `steps`, mean over "
+    "the completed seeds, or the diverged ones when none completed); in brackets the configured "
+    "epochs where they differ (AdaScale ends when its progress τ reaches 1 tower's updates; a "
+    "run can also stop early or diverge) and, where sweep.budget stretched them, the times the "
+    "1-tower configuration's epochs."
+)
+
+
+def _budgets(rows: list[GroupRow]) -> list[str]:
+    """Each configuration's budget against its 1-tower baseline and why (sweep.budget), and the
+    examples it saw where more than the baseline's."""
+    lines = []
+    for row in rows:
+        if row.budget is not None:
+            seen = more_examples(row)
+            lines.append(f"- `{row.group}`: {row.budget}" + (f"; saw {seen}" if seen else ""))
+    if not lines:
+        return []
+    return ["", "Budget, against each configuration's 1-tower baseline (sweep.budget):", "", *lines]
+
+
 def _verdicts(rows: list[GroupRow]) -> list[str]:
     lines = ["## Verdicts", ""]
     for row in rows:
@@ -294,7 +321,15 @@ def render_report(
     """The whole report; `figures` maps each figure's name to its link (file or data URI)."""
     sections = [
         _heading(header, rows),
-        ["## Configurations", "", table(SETUP_COLUMNS, rows), *_normalised(rows)],
+        [
+            "## Configurations",
+            "",
+            table(SETUP_COLUMNS, rows),
+            "",
+            EPOCHS_TEXT,
+            *_budgets(rows),
+            *_normalised(rows),
+        ],
         _optimizers(rows),
         ["## Accuracy", "", table(ACCURACY_COLUMNS, rows)],
         _verdicts(rows),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from scipy import stats
@@ -61,7 +62,150 @@ def welch(sample: list[float], baseline: list[float], confidence: float = 0.95) 
     return Difference(difference, difference - half_width, difference + half_width, float(p_value))
 
 
-CLOSE_ENOUGH = 0.01  # 1 percentage point of accuracy
+CLOSE_ENOUGH = 0.01  # 1 percentage point of accuracy: the default margin (report.margin)
+MOST_SEEDS = 100  # beyond this many seeds a side, "inconclusive" says "more than 100"
+
+Outcome = Literal["reached", "not reached", "inconclusive"]
+
+
+@dataclass(frozen=True)
+class NonInferiority:
+    """Did the sample reach the baseline's accuracy within `margin`? "reached" when the 95%
+    interval of (sample - baseline) lies above -margin, "not reached" when it lies below,
+    "inconclusive" otherwise (one seed a side included), with the seeds per side the measured
+    spread says would decide it (None: no spread measured)."""
+
+    outcome: Outcome
+    difference: Difference
+    margin: float
+    seeds_needed: int | None = None
+
+    def interval(self) -> str:
+        """`Δ +0.3 pp, 95% CI [−0.5, +1.1]` (or `(one seed a side: no interval)`)."""
+        low, high = self.difference.ci_low, self.difference.ci_high
+        text = f"Δ {signed_pp(self.difference.difference)} pp"
+        if low is None or high is None:
+            return f"{text} (one seed a side: no interval)"
+        return f"{text}, 95% CI [{signed_pp(low)}, {signed_pp(high)}]"
+
+    def reason(self) -> str:
+        """Why the outcome, against the margin, in a clause."""
+        bound = f"−{100 * self.margin:g} pp"
+        if self.outcome == "reached":
+            return f"the interval lies above {bound}"
+        if self.outcome == "not reached":
+            return f"the interval lies below {bound}"
+        if self.seeds_needed is None:
+            return (
+                f"no interval to set against {bound}: more seeds (at least 3 a side) would give one"
+            )
+        more = "more than " if self.seeds_needed > MOST_SEEDS else ""
+        return (
+            f"the interval straddles {bound}: {more}{min(self.seeds_needed, MOST_SEEDS)} seeds "
+            "per side would decide it at the measured spread"
+        )
+
+
+def signed_pp(value: float) -> str:
+    """A fraction as signed percentage points with a true minus sign: `−1.2`, `+0.4`."""
+    return f"{100 * value:+.1f}".replace("-", "−")
+
+
+def seeds_to_decide(
+    sample: list[float], baseline: list[float], margin: float, confidence: float = 0.95
+) -> int | None:
+    """The fewest seeds per side whose 95% interval would clear -margin, if the difference and
+    the spread (the pooled sample standard deviation) stayed as measured; None without any
+    spread measured (fewer than two values on both sides), MOST_SEEDS + 1 beyond MOST_SEEDS."""
+    spreads = [np.var(side, ddof=1) for side in (sample, baseline) if len(side) > 1]
+    if not spreads:
+        return None
+    spread = math.sqrt(float(np.mean(spreads)))
+    gap = abs(float(np.mean(sample) - np.mean(baseline)) + margin)
+    for seeds in range(2, MOST_SEEDS + 1):
+        dof = 2 * seeds - 2
+        half_width = stats.t.ppf(0.5 + confidence / 2, dof) * spread * math.sqrt(2 / seeds)
+        if half_width < gap:
+            return seeds
+    return MOST_SEEDS + 1
+
+
+def non_inferiority(
+    sample: list[float], baseline: list[float], margin: float = CLOSE_ENOUGH
+) -> NonInferiority:
+    """The non-inferiority verdict on final accuracies (see NonInferiority); one rule for the
+    report's verdicts and advise's."""
+    difference = welch(sample, baseline)
+    low, high = difference.ci_low, difference.ci_high
+    if low is not None and low > -margin:
+        return NonInferiority("reached", difference, margin)
+    if high is not None and high < -margin:
+        return NonInferiority("not reached", difference, margin)
+    return NonInferiority(
+        "inconclusive", difference, margin, seeds_to_decide(sample, baseline, margin)
+    )
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """Whether the reference stopped improving: its test accuracy's rise over the last quarter
+    of its epochs (mean over seeds) against the noise between seeds (the sample standard
+    deviation of their final accuracies; the margin with one seed)."""
+
+    converged: bool
+    rise: float
+    noise: float
+    noise_kind: str  # "seed spread" or "margin"
+
+    def text(self) -> str:
+        rise = f"{signed_pp(self.rise)} pp over the last quarter of its epochs"
+        noise = f"{100 * self.noise:.1f} pp ({self.noise_kind})"
+        if self.converged:
+            return f"the reference had converged ({rise}, within {noise})"
+        return f"the reference was still improving ({rise}, more than {noise})"
+
+
+def judgement(decision: NonInferiority, reference: Convergence | None) -> str:
+    """The verdict's sentence on a decision, the same in the report and in advise: "reached"
+    becomes "the reference was still improving" when the reference had not converged."""
+    still = reference is not None and not reference.converged
+    if decision.outcome == "reached" and still and reference is not None:
+        return (
+            "the reference was still improving: Δ compares two under-trained runs "
+            f"({decision.interval()}; {reference.text()})"
+        )
+    after = f"; {reference.text()}" if still and reference is not None else ""
+    if decision.outcome == "inconclusive":
+        return f"inconclusive: {decision.interval()}: {decision.reason()}{after}"
+    reached = "reached" if decision.outcome == "reached" else "did not reach"
+    return f"{reached} the 1-tower accuracy: {decision.interval()} ({decision.reason()}){after}"
+
+
+def _last_quarter_rise(curve: Curve) -> float | None:
+    """Test accuracy at the last evaluation minus at the last one at or before 3/4 of the
+    epochs; None without both."""
+    if not curve.epochs:
+        return None
+    last = curve.epochs[-1]
+    earlier = [i for i, epoch in enumerate(curve.epochs) if epoch <= 0.75 * last + 1e-9]
+    if not earlier or curve.epochs[earlier[-1]] == last:
+        return None
+    return curve.accuracies[-1] - curve.accuracies[earlier[-1]]
+
+
+def convergence(curves: list[Curve], margin: float = CLOSE_ENOUGH) -> Convergence | None:
+    """The reference's convergence check on its seeds' accuracy curves; None when no curve has
+    an evaluation before its last quarter."""
+    rises = [rise for curve in curves if (rise := _last_quarter_rise(curve)) is not None]
+    if not rises:
+        return None
+    finals = [curve.accuracies[-1] for curve in curves if curve.accuracies]
+    if len(finals) > 1:
+        noise, kind = float(np.std(finals, ddof=1)), "the spread between seeds"
+    else:
+        noise, kind = margin, "the margin, one seed"
+    rise = float(np.mean(rises))
+    return Convergence(rise <= noise, rise, noise, kind)
 
 
 @dataclass(frozen=True)
@@ -112,6 +256,7 @@ class RunRecord:
     error: str | None = None
     unstable: str | None = None  # why learning collapsed, if it did
     steps: float | None = None  # optimizer updates made
+    epochs: float | None = None  # epochs trained (MLflow `epochs`: steps / steps per epoch)
     losses: dict[str, float] = field(default_factory=dict)  # final losses (see LOSS_METRICS)
     loss_curves: dict[str, EpochCurve] = field(default_factory=dict)
     model_digest: str | None = None  # sha256 of the user's model file the run trained
@@ -182,9 +327,15 @@ class GroupRow:
     notes: list[str] = field(default_factory=list)
     baseline_group: str | None = None
     losses: dict[str, float | None] = field(default_factory=dict)  # mean over completed seeds
-    steps: float | None = None  # mean optimizer updates of completed seeds
+    steps: float | None = None  # mean optimizer updates of its trained seeds (see _trained)
+    epochs: float | None = None  # mean epochs trained, of the same seeds
     final_noise_scale: float | None = None  # mean over stable completed seeds
     adascale: AdaScaleSummary | None = None
+    decision: NonInferiority | None = None  # against the baseline
+    convergence: Convergence | None = None  # of a baseline's completed seeds
+    epochs_factor: float | None = None  # its configured epochs / its baseline's
+    examples_factor: float | None = None  # its epochs trained / its baseline's: examples seen
+    budget: str | None = None  # which budget its epochs are, and why (budget_reason)
 
     @property
     def unstable(self) -> list[RunRecord]:
@@ -192,15 +343,23 @@ class GroupRow:
 
     @property
     def closes_gap(self) -> bool:
-        """Within 1 pp of the baseline, with a 95% interval that contains 0."""
-        difference = self.difference
-        return (
-            difference is not None
-            and difference.ci_low is not None
-            and difference.ci_high is not None
-            and difference.ci_low <= 0 <= difference.ci_high
-            and abs(difference.difference) <= CLOSE_ENOUGH
-        )
+        """Reached the baseline's accuracy: the 95% interval lies above -margin."""
+        return self.decision is not None and self.decision.outcome == "reached"
+
+
+MORE_EXAMPLES = 1.05  # beyond this factor a verdict says how many more examples a row saw
+
+
+def more_examples(row: GroupRow) -> str | None:
+    """`2.32× the training examples of `towers=1` (18.6 epochs trained against 8)` when `row`
+    saw more than MORE_EXAMPLES times its baseline's examples; else None."""
+    factor, epochs = row.examples_factor, row.epochs
+    if factor is None or epochs is None or factor <= MORE_EXAMPLES:
+        return None
+    return (
+        f"{factor:.2f}× the training examples of `{row.baseline_group}` ({epochs:.3g} epochs "
+        f"trained against {epochs / factor:.3g})"
+    )
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -236,6 +395,13 @@ def _finals(group: list[RunRecord]) -> list[float]:
     ]
 
 
+def _trained(group: list[RunRecord]) -> list[RunRecord]:
+    """The runs whose epochs and updates a row states: the completed ones, else (none
+    completed) the diverged ones, which trained until they diverged."""
+    completed = [run for run in group if run.status == Status.COMPLETED]
+    return completed or [run for run in group if run.status == Status.DIVERGED]
+
+
 def _group_row(
     name: str, group: list[RunRecord], baseline: str | None, target: float | None
 ) -> GroupRow:
@@ -263,15 +429,45 @@ def _group_row(
             key: _mean([run.losses.get(key) for run in completed])
             for key in dict.fromkeys(key for run in completed for key in run.losses)
         },
-        steps=_mean([run.steps for run in completed]),
+        steps=_mean([run.steps for run in _trained(group)]),
+        epochs=_mean([run.epochs for run in _trained(group)]),
     )
 
 
-def _compare_with(row: GroupRow, baseline: GroupRow) -> None:
-    """Fill in `row`'s difference, speedup and scaling efficiency against `baseline`."""
+def budget_reason(config: TrainConfig, baseline: TrainConfig) -> str:
+    """Which budget a configuration trained against its 1-tower baseline, read from the epochs
+    both ran (config/grid.py stretched them): equal epochs, equal updates, AdaScale's progress
+    tau, or the noise scale's factor (1 + B/N) / (1 + b/N) between the two, N solved from it."""
+    factor = config.epochs / baseline.epochs
+    batch, base = config.global_batch, baseline.global_batch
+    if config.lr_scaling == "adascale":
+        times = "" if math.isclose(factor, 1.0, rel_tol=1e-6) else f"{factor:.3g}× "
+        return f"AdaScale's own: its progress tau reaches {times}1 tower's updates"
+    if math.isclose(factor, 1.0, rel_tol=1e-6):
+        return "equal epochs"
+    if math.isclose(factor, batch / base, rel_tol=1e-6):
+        return f"equal updates ({factor:.3g}× the epochs)"
+    noise = (batch - factor * base) / (factor - 1)
+    if noise <= 0:
+        return f"{factor:.3g}× the epochs"
+    return (
+        f"the noise scale's: {factor:.2f}× the epochs = (1 + {batch}/{noise:.0f}) / "
+        f"(1 + {base}/{noise:.0f}) at noise scale {noise:.0f}"
+    )
+
+
+def _compare_with(row: GroupRow, baseline: GroupRow, margin: float) -> None:
+    """Fill in `row`'s difference and non-inferiority decision, speedup, scaling efficiency,
+    budget (its configured epochs over the baseline's) and examples seen (its epochs trained over
+    the baseline's) against `baseline`."""
     sample, reference = _finals(row.runs), _finals(baseline.runs)
     if sample and reference:
-        row.difference = welch(sample, reference)
+        row.decision = non_inferiority(sample, reference, margin)
+        row.difference = row.decision.difference
+    row.epochs_factor = row.config.epochs / baseline.config.epochs
+    row.budget = budget_reason(row.config, baseline.config)
+    if row.epochs and baseline.epochs:  # one training set: epochs trained count its examples
+        row.examples_factor = row.epochs / baseline.epochs
     if row.time_to_target and baseline.time_to_target:
         row.speedup = baseline.time_to_target / row.time_to_target
     if row.images_per_sec and baseline.images_per_sec:
@@ -281,10 +477,14 @@ def _compare_with(row: GroupRow, baseline: GroupRow) -> None:
 
 
 def group_rows(
-    runs: list[RunRecord], swept: list[str], target_accuracy: float | None
+    runs: list[RunRecord],
+    swept: list[str],
+    target_accuracy: float | None,
+    margin: float = CLOSE_ENOUGH,
 ) -> tuple[list[GroupRow], float | None]:
     """One row per configuration, in run order, each against its 1-tower baseline (no verdicts
-    yet), and the target accuracy used for timing (default: 95% of the worst baseline's mean)."""
+    yet; a baseline with its convergence check), and the target accuracy used for timing
+    (default: 95% of the worst baseline's mean)."""
     groups: dict[str, list[RunRecord]] = {}
     for run in runs:
         groups.setdefault(run.group, []).append(run)
@@ -299,8 +499,11 @@ def group_rows(
     }
     for name, row in rows.items():
         baseline = rows.get(baselines[name] or "")
-        if baseline is not None and not row.is_baseline:
-            _compare_with(row, baseline)
+        if row.is_baseline:
+            completed = [run.curve for run in row.runs if run.status == Status.COMPLETED]
+            row.convergence = convergence(completed, margin)
+        elif baseline is not None:
+            _compare_with(row, baseline, margin)
     return list(rows.values()), target_accuracy
 
 

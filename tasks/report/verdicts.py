@@ -2,8 +2,9 @@
 
 A remedy counts as measured when the sweep holds a configuration with the same towers and global
 batch that applies it (more updates, a scaling rule, warmup, ...): the verdict then quotes that
-configuration's result, and names it first when it closed the gap (within 1 pp of 1 tower, 95%
-interval containing 0).
+configuration's result, and names it first when it closed the gap (reached 1 tower's accuracy:
+the 95% interval of the difference above -margin, statistics.non_inferiority, the rule advise's
+verdict also uses).
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from towerbench.config.optimizers import family
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import Status
 from towerbench.model.noise_advice import EPOCHS_TOLERANCE, epochs_needed
-from towerbench.tasks.report.statistics import GroupRow, RunRecord, group_rows
+from towerbench.tasks.report.statistics import (
+    CLOSE_ENOUGH,
+    GroupRow,
+    RunRecord,
+    group_rows,
+    judgement,
+    more_examples,
+)
 
 Applies = Callable[[TrainConfig], bool]
 
@@ -55,6 +63,12 @@ def _noise_advice(row: GroupRow, baseline: GroupRow, rows: list[GroupRow]) -> st
         return f"{note}: equal epochs suffice"
     if _equal_updates(config, baseline.config):
         return f"{note}: its budget is already 1 tower's updates"
+    if row.epochs_factor is not None and math.isclose(
+        row.epochs_factor,
+        epochs_needed(noise_scale, baseline.config.global_batch, config.global_batch),
+        rel_tol=0.1,
+    ):
+        return f"{note}: its budget ({row.epochs_factor:.2f}× the epochs) already gives that"
     advice = _advice(
         "train for equal updates (or equal progress tau: adascale)",
         row,
@@ -242,8 +256,23 @@ def _remedy(row: GroupRow, base_config: TrainConfig, rows: list[GroupRow]) -> st
     return "the runs differ beyond seed noise — compare their learning curves"
 
 
+def _no_comparison(baseline: GroupRow | None) -> str:
+    """Why a row has no difference from 1 tower: no baseline, or none of its seeds finished."""
+    if baseline is None:
+        return "no 1-tower baseline to compare with"
+    diverged = sum(run.status == Status.DIVERGED for run in baseline.runs)
+    if diverged:
+        return (
+            f"no difference stated: the 1-tower baseline diverged in {diverged}/"
+            f"{len(baseline.runs)} seeds and none finished"
+        )
+    return "no finished 1-tower seed to compare with"
+
+
 def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> str:
-    """One plain-language sentence: is the difference real, and what to change."""
+    """One plain-language sentence: did it reach 1 tower's accuracy (the non-inferiority rule,
+    statistics.judgement), having seen how many times 1 tower's examples (when more), and if
+    not, what to change."""
     config = row.config
     failure = _failure(row, rows)
     if failure is not None:
@@ -252,22 +281,15 @@ def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> s
         return "still running: no seed has finished yet"
     if row.is_baseline:
         return "baseline"
-    if baseline is None or row.difference is None:
-        return "no 1-tower baseline to compare with"
-    difference = row.difference
-    points = 100 * difference.difference
-    low, high = difference.ci_low, difference.ci_high
-    if difference.p_value is None or low is None or high is None:
-        return f"{points:+.1f} pp from one seed per side: add seeds to tell it from noise"
-    if difference.p_value >= 0.05:
-        return (
-            f"no significant difference ({points:+.1f} pp, 95% CI "
-            f"[{100 * low:+.1f}, {100 * high:+.1f}], "
-            f"p={difference.p_value:.2f})"
-        )
-    if points > 0:
-        return f"{points:+.1f} pp better than 1 tower (p={difference.p_value:.3f})"
-    prefix = f"{points:+.1f} pp (p={difference.p_value:.3f})"
+    decision = row.decision
+    if baseline is None or decision is None:
+        return _no_comparison(baseline)
+    text = judgement(decision, baseline.convergence)
+    seen = more_examples(row)
+    if seen is not None:
+        text += f"; it saw {seen}"
+    if decision.outcome != "not reached":
+        return text
     if config.aggregation == "sum" and config.replicas > 1:
         advice = _advice(
             f"aggregate with mean or divide the LR by {config.replicas}",
@@ -275,9 +297,9 @@ def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> s
             rows,
             lambda c: c.aggregation == "mean",
         )
-        return f"{prefix}: summed gradients make each step {config.replicas}x larger — {advice}"
-    text = _remedy(row, baseline.config, rows)
-    return f"{prefix}: {_prefix_with_remedy(text, row, rows)}"
+        return f"{text}: summed gradients make each step {config.replicas}x larger — {advice}"
+    remedy = _remedy(row, baseline.config, rows)
+    return f"{text}: {_prefix_with_remedy(remedy, row, rows)}"
 
 
 def _adaptive_rule_note(row: GroupRow, rows: list[GroupRow]) -> str | None:
@@ -299,14 +321,22 @@ def _adaptive_rule_note(row: GroupRow, rows: list[GroupRow]) -> str | None:
 
 
 def compare(
-    runs: list[RunRecord], swept: list[str], target_accuracy: float | None
+    runs: list[RunRecord],
+    swept: list[str],
+    target_accuracy: float | None,
+    margin: float = CLOSE_ENOUGH,
 ) -> tuple[list[GroupRow], float | None]:
-    """One row per configuration with its verdict and notes, and the timing target used."""
-    rows, target = group_rows(runs, swept, target_accuracy)
+    """One row per configuration with its verdict and notes, and the timing target used;
+    `margin` is the non-inferiority margin (report.margin)."""
+    rows, target = group_rows(runs, swept, target_accuracy, margin)
     by_group = {row.group: row for row in rows}
     for row in rows:
         baseline = by_group.get(row.baseline_group or "")
         row.verdict = verdict(row, baseline, rows)
+        if row.convergence is not None and not row.convergence.converged:
+            row.notes.append(
+                f"{row.convergence.text()}: differences from it compare under-trained runs"
+            )
         rule_note = _adaptive_rule_note(row, rows)
         if rule_note is not None:
             row.notes.append(rule_note)

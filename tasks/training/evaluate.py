@@ -91,7 +91,9 @@ def log_evaluation(result: Any) -> None:
     mlflow.set_tag("towerbench.model_uri", log_model(result.model))
 
     if config.towers >= 2:
-        # On one fixed synthetic batch of the same network, towers and global batch.
+        # On one fixed synthetic batch of the same network, towers and global batch, shaped as
+        # the trained model's input.
+        spec = result.model.inputs[0]
         check = run_gradcheck(
             config.model,
             config.towers,
@@ -99,6 +101,9 @@ def log_evaluation(result: Any) -> None:
             config.seed,
             None,
             config.precision,
+            input_shape=tuple(spec.shape[1:]),
+            num_classes=len(result.classes),
+            integer_inputs="int" in str(spec.dtype),
         )
         if check is not None:  # None on a worker other than the chief
             mlflow.log_dict(check.to_json(), "gradcheck.json")

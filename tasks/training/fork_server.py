@@ -15,15 +15,19 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
+import traceback
 import types
-from collections.abc import Iterator
-from multiprocessing import forkserver, reduction
-from typing import IO
+from collections.abc import Callable, Iterator
+from multiprocessing import forkserver, reduction, util
+from typing import IO, Any
 
 from towerbench.config.sections import TrainConfig
+from towerbench.core.processes import forked_from_server, stop, watch_parent
+from towerbench.core.reaper import remove_when_this_process_ends
 
 PRELOAD = [
     "towerbench.tasks.training.imports",
@@ -31,12 +35,19 @@ PRELOAD = [
     "towerbench.tasks.training.fork_server_exit",
 ]
 _context = multiprocessing.get_context("forkserver")
+STOP_GRACE_SECONDS = 2  # for a forked call to end when asked, before it is killed
+_REMOVED: set[str] = set()  # multiprocessing's folders a watchdog removes at this process's end
 
 
 def start_fork_server() -> None:
     """Start the server (it imports in the background); a no-op when it is running."""
     _context.set_forkserver_preload(PRELOAD)
     forkserver.ensure_running()
+    # The folder of the server's socket (pymp-*): multiprocessing removes it at a normal exit.
+    folder = util.get_temp_dir()
+    if folder not in _REMOVED:
+        remove_when_this_process_ends(folder)
+        _REMOVED.add(folder)
 
 
 def start_fork_server_for(configs: list[TrainConfig], pool: str | None) -> None:
@@ -75,20 +86,19 @@ def _received_fd(duplicate) -> int:
     return duplicate.detach()
 
 
-class TrainingProcess:
-    """A forked `tasks.training.worker` run of one request: its stdout (the worker's events) as
-    lines, its stderr kept in `log`, and `subprocess.Popen`'s poll, wait, terminate and kill."""
+class ForkedProcess:
+    """A process forked from the server to run `target(*args, stdout, stderr)`: its stdout (a
+    pipe) as `stdout`, its stderr kept in `log`, and `subprocess.Popen`'s poll, wait, terminate
+    and kill."""
 
-    def __init__(self, request_json: str, environment: dict[str, str]):
-        from towerbench.tasks.training.worker import forked_main
-
+    def __init__(self, target: Callable[..., None], args: tuple, name: str, binary: bool = False):
         start_fork_server()
         self.log: IO[str] = tempfile.TemporaryFile("w+")
         read_end, write_end = os.pipe()
         self.process = _context.Process(
-            target=forked_main,
-            args=(request_json, environment, _PassedFd(write_end), _PassedFd(self.log.fileno())),
-            name="towerbench-training",
+            target=target,
+            args=(*args, _PassedFd(write_end), _PassedFd(self.log.fileno())),
+            name=name,
         )
         try:
             with main_module_hidden():
@@ -98,8 +108,8 @@ class TrainingProcess:
             self.log.close()
             raise
         finally:
-            os.close(write_end)  # the worker holds its own: its end is this side's end of file
-        self.stdout: IO[str] = os.fdopen(read_end)
+            os.close(write_end)  # the child holds its own: its end is this side's end of file
+        self.stdout: IO = os.fdopen(read_end, "rb" if binary else "r")
         self.pid = self.process.pid
 
     def poll(self) -> int | None:
@@ -108,7 +118,7 @@ class TrainingProcess:
     def wait(self, timeout: float | None = None) -> int:
         self.process.join(timeout)
         if self.process.exitcode is None:
-            raise subprocess.TimeoutExpired("towerbench.tasks.training.worker", timeout or 0)
+            raise subprocess.TimeoutExpired("towerbench forked process", timeout or 0)
         return self.process.exitcode
 
     def terminate(self) -> None:
@@ -120,3 +130,63 @@ class TrainingProcess:
     def close(self) -> None:
         self.stdout.close()
         self.log.close()
+
+
+class TrainingProcess(ForkedProcess):
+    """A forked `tasks.training.worker` run of one request: its stdout (the worker's events) as
+    lines, its stderr kept in `log`."""
+
+    def __init__(self, request_json: str, environment: dict[str, str]):
+        from towerbench.tasks.training.worker import forked_main
+
+        super().__init__(forked_main, (request_json, environment), "towerbench-training")
+
+
+def forked_call(function: Callable[..., Any], args: tuple, result: int, stderr: int) -> None:
+    """In a forked process: `function(*args)`'s value, or the exception it raised, pickled to
+    the `result` descriptor; it ends at once when the server is gone (the caller died)."""
+    forked_from_server()
+    watch_parent(os.getppid(), lambda: os._exit(143))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for standard in (1, 2):  # what it prints is its log
+        os.dup2(stderr, standard)
+    os.close(stderr)
+    try:
+        outcome: tuple[str, Any] = ("value", function(*args))
+    except Exception as error:  # noqa: BLE001 - raised again on the caller's side
+        traceback.print_exc()
+        outcome = ("error", error)
+    try:
+        data = pickle.dumps(outcome)
+    except Exception as error:  # noqa: BLE001 - an exception that cannot be pickled
+        data = pickle.dumps(("error", RuntimeError(f"{type(error).__name__}: {error}")))
+    with os.fdopen(result, "wb") as channel:
+        channel.write(data)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip TensorFlow's teardown
+
+
+def call_forked(name: str, function: Callable[..., Any], *args: Any) -> Any:
+    """`function(*args)` in a process forked from the server (TensorFlow already imported),
+    named `name`; its exception is raised here. The process is stopped if this one is
+    interrupted, and ends on its own if this one dies; `ChildProcessError` (how it ended and its
+    last line) if it died without an answer."""
+    process = ForkedProcess(forked_call, (function, args), name, binary=True)
+    with contextlib.closing(process):
+        try:
+            data = process.stdout.read()
+            status = process.wait()
+        except BaseException:  # Ctrl-C, SIGTERM: the process ends with us
+            stop([process], STOP_GRACE_SECONDS)
+            raise
+        if not data:
+            process.log.seek(0)
+            lines = [line.strip() for line in process.log.read().splitlines() if line.strip()]
+            ended = f"exit status {status}" if status >= 0 else f"killed by signal {-status}"
+            raise ChildProcessError(ended + (f"; its last line: {lines[-1]}" if lines else ""))
+    kind, value = pickle.loads(data)
+    if kind == "error":
+        raise value
+    return value

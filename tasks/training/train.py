@@ -27,7 +27,7 @@ from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Outcome, Status
 from towerbench.core.processes import stop
 from towerbench.model.training_data import check_training_data
-from towerbench.tasks.tracking import mark_failed, mark_killed
+from towerbench.tasks.tracking import mark_failed, mark_killed, tracking_server_watched
 from towerbench.tasks.training.fork_server import TrainingProcess
 from towerbench.tasks.training.local_cluster import last_error, run_local_cluster
 from towerbench.tasks.training.worker import EVENT_PREFIX, WorkerRequest
@@ -158,7 +158,8 @@ def train_configuration(
     try:  # a dataset that is not there, or damaged, fails at once without starting a process
         check_training_data([request.config], request.data_dir)
     except TowerbenchError as error:
-        mark_failed(tracking, request.run_id, str(error), "")
+        with tracking_server_watched(tracking):
+            mark_failed(tracking, request.run_id, str(error), "")
         raise TrainingFailed(f"{name}: {error}") from None
     try:
         outcome = run_training_process(request, on_event)
@@ -169,7 +170,9 @@ def train_configuration(
     if progress_artifact is not None:
         update_progress_artifact(progress_artifact, end)
     if outcome.status == Status.FAILED:
-        mark_failed(tracking, request.run_id, outcome.error or "", outcome.log)
+        # A run that failed because the tracking server went away ends the sweep, in one line.
+        with tracking_server_watched(tracking):
+            mark_failed(tracking, request.run_id, outcome.error or "", outcome.log)
         raise TrainingFailed(f"{name}: {outcome.error}")
     logger.info("%s %s: test accuracy %.4f", name, outcome.status, outcome.test_accuracy or 0)
     if outcome.unstable:

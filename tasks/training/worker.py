@@ -16,7 +16,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from towerbench.config.params import TrackingConfig
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Outcome
+from towerbench.core.processes import forked_from_server, watch_parent
 from towerbench.model import cluster
 from towerbench.model.records import EpochRecord, finite_numbers
 from towerbench.tasks.preflight import bound_mlflow_http
@@ -134,6 +134,8 @@ def run(request: WorkerRequest) -> Outcome:
         test_accuracy=final.test_accuracy,
         images_per_sec=final.images_per_sec,
         wall_time=final.wall_time,
+        epochs=final.epochs,
+        steps=final.steps,
     )
 
 
@@ -155,17 +157,12 @@ def _end_with_the_sweep(request: WorkerRequest, sweep_process: int) -> None:
     def sweep_gone() -> None:
         stop("the sweep process ended; run the same sweep again to resume from the checkpoint")
 
-    def watch() -> None:
-        while os.getppid() == sweep_process:
-            time.sleep(1.0)
-        sweep_gone()
-
     global _sweep_gone
     _sweep_gone = sweep_gone
 
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop("stopped; run the same sweep again to resume"))
-    threading.Thread(target=watch, daemon=True, name="watch-sweep").start()
+    watch_parent(sweep_process, sweep_gone)
 
 
 def _exit_status(work: Callable[[], object]) -> int:
@@ -222,7 +219,7 @@ def forked_main(request_json: str, environment: dict[str, str], stdout: int, std
     """A configuration's process, forked by the fork server (tasks/training/fork_server.py) with the
     imports done: in a session of its own (a terminal's Ctrl-C reaches only the sweep, which
     stops it), with `environment`, its events on `stdout` and its log on `stderr`."""
-    os.setsid()
+    forked_from_server()
     sys.stdout.flush()
     sys.stderr.flush()
     for descriptor, standard in ((stdout, 1), (stderr, 2)):

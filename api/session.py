@@ -1,0 +1,52 @@
+"""What one call of towerbench's Python functions starts, and its end when the call returns.
+
+The call starts what the command line starts (the servers checked, the training processes' fork
+server, Prefect's temporary server when no PREFECT_API_URL is set) and stops what it started when
+it returns, raises or is interrupted (a notebook's stop button: the sweep marks its runs KILLED and
+keeps their checkpoints, so the same call resumes). A notebook's kernel keeps nothing running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from towerbench.config.params import Params
+from towerbench.serve.startup import prepare_prefect
+
+
+def _temporary_servers() -> set[object]:
+    from prefect.server.api.server import SubprocessASGIServer
+
+    return {server for server in SubprocessASGIServer._instances.values() if server.running}
+
+
+def _logs_sent() -> None:
+    """The flow runs' last log lines sent to the server before it stops."""
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=5)
+
+
+def _stop_fork_server() -> None:
+    """multiprocessing's fork server and resource tracker (its own helpers, no public stop)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    forkserver._forkserver._stop()  # type: ignore[attr-defined]
+    resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def orchestrated(params: Params) -> Iterator[None]:
+    """Prefect and the fork server for the flows of one call, stopped at its end."""
+    before = _temporary_servers()
+    try:
+        prepare_prefect(params)
+        yield
+    finally:
+        started = _temporary_servers() - before
+        if started:
+            _logs_sent()
+        for server in started:
+            server.stop()  # type: ignore[attr-defined]
+        _stop_fork_server()

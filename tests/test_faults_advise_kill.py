@@ -1,0 +1,111 @@
+"""`towerbench advise` killed during its probe (issue 40): every process it started ends with it
+(the probe's, the fork server, multiprocessing's resource tracker, Prefect's temporary server),
+nothing is left in the temporary folder, and the next run closes the run it left RUNNING."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import fixtures_model
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+from test_advise import PARAMS
+
+pytestmark = pytest.mark.slow  # starts the command, which trains
+
+ROOT = Path(__file__).resolve().parents[1]
+ENDED_WITHIN_SECONDS = 5  # the forked processes look for their server once a second
+
+
+def _advise(project: Path, temporary: Path) -> tuple[list[str], dict[str, str]]:
+    """`towerbench advise` of the project, short, with TMPDIR `temporary`: (argv, environment)."""
+    command = [sys.executable, "-m", "towerbench.cli.main", "advise", "--towers", "2"]
+    command += ["--params", "params.yaml", "--no-verify", "--probe-steps", "40"]
+    return command, dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(temporary))
+
+
+def _probe_started(command: psutil.Process) -> bool:
+    """A process forked from the command's fork server: the probe."""
+    for child in command.children():
+        try:
+            if "multiprocessing.forkserver" in " ".join(child.cmdline()) and child.children():
+                return True
+        except psutil.Error:  # ended meanwhile (a zombie until reaped)
+            continue
+    return False
+
+
+def _ended(process: psutil.Process) -> bool:
+    """Exited: gone, or a zombie until whoever inherited it reaps it."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _kill_during_the_probe(project: Path, temporary: Path) -> list[psutil.Process]:
+    """SIGKILL the command once its probe runs; what it had started."""
+    argv, environment = _advise(project, temporary)
+    log = project / "advise.log"
+    with open(log, "w") as stderr:
+        command = subprocess.Popen(
+            argv, cwd=project, env=environment, stdout=subprocess.DEVNULL, stderr=stderr
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not _probe_started(psutil.Process(command.pid)):
+            running = command.poll() is None and time.monotonic() < deadline
+            assert running, f"no probe started: {log.read_text()[-3000:]}"
+            time.sleep(0.1)
+        started = psutil.Process(command.pid).children(recursive=True)
+        command.send_signal(signal.SIGKILL)
+    finally:
+        command.kill()
+        command.wait()
+    return started
+
+
+def test_advise_killed_during_its_probe_leaves_nothing_and_its_run_is_closed_next_time(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    fixtures_model.write_digits_project(project, PARAMS, train=480, test=120)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+
+    started = _kill_during_the_probe(project, temporary)
+    assert len(started) >= 4  # watchdog, resource tracker, fork server, probe, Prefect's server
+    deadline = time.monotonic() + ENDED_WITHIN_SECONDS
+    while not all(_ended(process) for process in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [process.cmdline()[:4] for process in started if not _ended(process)]
+    assert not left, f"outlived the killed command: {left}"
+    assert list(temporary.iterdir()) == []  # no pymp-* folder, nothing else
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
+    [killed] = client.search_runs(experiments, "tags.`towerbench.kind` = 'advise'")
+    assert killed.info.status == "RUNNING"  # its process could not close it
+
+    argv, environment = _advise(project, temporary)
+    rerun = subprocess.run(
+        argv, cwd=project, env=environment, capture_output=True, text=True, timeout=600
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    runs = {run.info.run_id: run for run in client.search_runs(experiments)}
+    assert [run.info.status for run in runs.values()].count("RUNNING") == 0
+    closed = runs[killed.info.run_id]
+    assert closed.info.status == "KILLED"
+    replacement = closed.data.tags["towerbench.replaced_by"]
+    assert runs[replacement].data.tags["towerbench.kind"] == "advise"
+    assert runs[replacement].info.status == "FINISHED"
+    deadline = time.monotonic() + ENDED_WITHIN_SECONDS  # its watchdog empties it as it exits
+    while list(temporary.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(temporary.iterdir()) == []
