@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from towerbench.api.progress import progress_bars
 from towerbench.config.params import Params
 from towerbench.serve.startup import prepare_prefect
 
@@ -38,11 +39,13 @@ def _stop_fork_server() -> None:
 
 @contextlib.contextmanager
 def orchestrated(params: Params) -> Iterator[None]:
-    """Prefect and the fork server for the flows of one call, stopped at its end."""
+    """Prefect and the fork server for the flows of one call, stopped at its end, and the
+    configurations' progress bars in Jupyter."""
     before = _temporary_servers()
     try:
         prepare_prefect(params)
-        yield
+        with progress_bars():
+            yield
     finally:
         started = _temporary_servers() - before
         if started:

@@ -63,6 +63,7 @@ class SweepResult(BaseModel):
     parent_run_id: str
     mlflow_url: str
     configs: list[ConfigSummary]
+    verdicts: dict[str, str] = {}  # the report's, by configuration (seeds together)
     report: str
 
     def to_frame(self) -> pandas.DataFrame:
@@ -71,3 +72,15 @@ class SweepResult(BaseModel):
         import pandas
 
         return pandas.DataFrame([config.model_dump(mode="json") for config in self.configs])
+
+    def summary_lines(self) -> list[str]:
+        """What a sweep ends with on the terminal and in its flow run's log: each run's status
+        and accuracy, each configuration's verdict, where the parent run and report are."""
+        lines = []
+        for config in self.configs:
+            accuracy = config.test_accuracy
+            shown = f"{accuracy:.4f}" if accuracy is not None else "—"
+            error = f"  ({config.error})" if config.error else ""
+            lines.append(f"{config.name:<48} {config.status:<9} test accuracy {shown}{error}")
+        lines += [f"{group}: {verdict}" for group, verdict in self.verdicts.items()]
+        return [*lines, f"MLflow parent run: {self.parent_run_id}", f"Report: {self.report}"]

@@ -50,5 +50,5 @@ if __name__ == "__main__":
     )
     print(result.to_frame()[["name", "seed", "status", "test_accuracy"]].to_string(index=False))
     for name, verdict in result.verdicts.items():
-        print(f"{name}: {verdict}")
+        print(f"Verdict for {name}: {verdict}")
     print(f"Report: {result.report}")

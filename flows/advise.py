@@ -27,6 +27,7 @@ from towerbench.config.optimizers import OptimizerName
 from towerbench.config.params import Params, SweepGrid
 from towerbench.config.run_form import model_override, optimizer_override
 from towerbench.config.sections import TrainConfig
+from towerbench.flows.run_names import advise_run_name
 from towerbench.flows.sweep import plan_sweep, run_sweep
 from towerbench.tasks.advise.advice import (
     Advice,
@@ -131,7 +132,7 @@ def advise_params(params: Params, advice: AdviseConfig, fresh: bool = False) -> 
     )
 
 
-@flow(name="advise")
+@flow(name="advise", flow_run_name=advise_run_name)
 def advise(
     advice: AdviseConfig,
     model: str | None = None,

@@ -3,6 +3,7 @@ run (the speed benchmarks are `towerbench bench`, in speed/ and overhead/)."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from prefect import flow
@@ -10,10 +11,11 @@ from prefect import flow
 from towerbench.config.load import load
 from towerbench.core.outcome import SweepResult
 from towerbench.flows.pipeline import run_pipeline
+from towerbench.flows.run_names import dated_run_name
 from towerbench.tasks.user_errors_log import one_line_user_errors
 
 
-@flow(name="nightly")
+@flow(name="nightly", flow_run_name=partial(dated_run_name, "nightly"))
 def nightly(params_file: str = "params.yaml") -> SweepResult:
     """The pipeline with the nightly's fixed sweep; its report compares with the previous
     finished nightly sweep in the same experiment (same configurations, data version shown).

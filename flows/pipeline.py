@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from towerbench.config.load import load
 from towerbench.config.optimizers import OptimizerName
@@ -20,6 +21,7 @@ from towerbench.config.run_form import (
 from towerbench.config.sections import TrainConfig, dataset_name, one_value
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import SweepResult
+from towerbench.flows.run_names import dated_run_name
 from towerbench.flows.sweep import FlowKind, sweep_params
 from towerbench.tasks.data.dvc_stages import check_dvc_project
 from towerbench.tasks.data.fetch import fetch_task
@@ -51,13 +53,15 @@ def run_pipeline(
     stages = fetch_task(project_dir, params.fetch, params.preprocess, params.data.data_dir)
     data_version = preprocess_task(stages)
     outcome = sweep_params(params, data_version=data_version, kind=kind, fresh=fresh)
-    # The top-level run shows the report too, with where to find it.
+    # The top-level run shows the report too, with where to find it, and ends with its summary.
     lead = f"MLflow parent run: {outcome.mlflow_url}\n\n"
     publish_artifact(Path(outcome.report), key=f"{kind}-report", lead=lead)
+    for line in outcome.summary_lines():
+        get_run_logger().info(line)
     return outcome
 
 
-@flow(name="pipeline")
+@flow(name="pipeline", flow_run_name=partial(dated_run_name, "pipeline"))
 def pipeline(
     dataset: DatasetChoice = DatasetChoice(),  # type: ignore[valid-type]  # noqa: B008
     sweep: SweepChoice = SweepChoice(),  # type: ignore[valid-type]  # noqa: B008

@@ -44,8 +44,9 @@ from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.config.tracking_uri import PROJECT_DIR, resolve_tracking
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import ConfigSummary, Outcome, Status, SweepResult
+from towerbench.flows.run_names import sweep_run_name
 from towerbench.tasks.data.check import manifest_digest
-from towerbench.tasks.report import make_report
+from towerbench.tasks.report import make_report, read_verdicts
 from towerbench.tasks.sweep_lock import (
     only_live_sweep,
     sweep_key,
@@ -375,16 +376,19 @@ def run_sweep(
     finally:
         with contextlib.suppress(MlflowException):  # the server may be what went away
             finish_sweep_run(tracking, run.parent_run_id, RunStatus.to_string(status))
-    get_run_logger().info("report: %s", report_path)
-    return SweepResult(
+    result = SweepResult(
         parent_run_id=run.parent_run_id,
         mlflow_url=mlflow_url,
         configs=summaries,
+        verdicts=read_verdicts(Path(report_path)),
         report=report_path,
     )
+    for line in result.summary_lines():
+        get_run_logger().info(line)
+    return result
 
 
-@flow(name="sweep", flow_run_name="sweep {train.dataset}")
+@flow(name="sweep", flow_run_name=sweep_run_name)
 def sweep(
     train: TrainConfig = TrainConfig(),  # noqa: B008 - immutable default shown in the UI form
     sweep: SweepGrid = SweepGrid(),  # noqa: B008

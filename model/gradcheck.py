@@ -155,6 +155,13 @@ class GradcheckResult(BaseModel):
         return document | {"passed": self.passed, "explanation": self.explanation}
 
 
+def _dense(gradient: Any) -> np.ndarray:
+    """A gradient as an array: an Embedding's comes as IndexedSlices (the rows it touched)."""
+    import tensorflow as tf
+
+    return tf.convert_to_tensor(gradient).numpy()
+
+
 @dataclass(frozen=True)
 class _Problem:
     """What every way of computing the gradient shares: one batch, one network, one start."""
@@ -267,7 +274,7 @@ def _tower_run(
         precision=problem.precision,
     )
     gradients = [
-        g.numpy() for g in trainer.gradients(problem.images, problem.labels).data_gradients
+        _dense(g) for g in trainer.gradients(problem.images, problem.labels).data_gradients
     ]
     trainer.step(problem.images, problem.labels)
     return gradients, [v.numpy() for v in network.model.trainable_variables]
@@ -345,7 +352,7 @@ def _ghost_run(problem: _Problem, device: str, towers: int) -> Way:
             )
             loss = tf.reduce_mean(cross_entropy) + tf.add_n(call_losses) / towers
             decay_loss = _decay_loss(network, problem.weight_decay)
-        gradients = [g.numpy() for g in tape.gradient(loss, variables)]
+        gradients = [_dense(g) for g in tape.gradient(loss, variables)]
         decay_gradients = tape.gradient(decay_loss, variables)
         for variable, gradient, extra in zip(variables, gradients, decay_gradients, strict=True):
             extra = 0 if extra is None else extra.numpy()
@@ -402,7 +409,7 @@ def _mirrored_run(problem: _Problem, devices: TowerDevices) -> Way:
         return [strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in per_replica]
 
     inputs = strategy.experimental_distribute_values_from_function(shard)
-    gradients = [g.numpy() for g in run(inputs)]
+    gradients = [_dense(g) for g in run(inputs)]
     return gradients, [np.asarray(v.numpy()) for v in variables]
 
 

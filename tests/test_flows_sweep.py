@@ -170,7 +170,7 @@ def test_sweep_records_parent_and_one_nested_run_per_configuration(finished_swee
         assert f"{DAMAGED_SHARD}: TFRecord shard is damaged (corrupted record" in error
         assert "\n" not in error and "Traceback" not in error
     # The --json line: one entry per configuration, with the documented keys.
-    assert set(outcome) == {"parent_run_id", "configs", "report"}
+    assert set(outcome) == {"parent_run_id", "configs", "verdicts", "report"}
     statuses = sorted((c["towers"], c["seed"], c["status"]) for c in outcome["configs"])
     assert statuses == [
         (1, 0, "completed"),

@@ -81,16 +81,16 @@ JSON_FIELDS = {
 
 
 def _result(outcome: SweepResult) -> CommandResult:
-    for config in outcome.configs:
-        accuracy = config.test_accuracy
-        shown = f"{accuracy:.4f}" if accuracy is not None else "—"
-        error = f"  ({config.error})" if config.error else ""
-        print(f"{config.name:<48} {config.status:<9} test accuracy {shown}{error}")
-    print(f"MLflow parent run: {outcome.parent_run_id}")
-    print(f"Report: {outcome.report}")
+    for line in outcome.summary_lines():
+        print(line)
     document = outcome.model_dump(
         mode="json",
-        include={"parent_run_id": True, "report": True, "configs": {"__all__": JSON_FIELDS}},
+        include={
+            "parent_run_id": True,
+            "report": True,
+            "verdicts": True,
+            "configs": {"__all__": JSON_FIELDS},
+        },
     )
     status = 0 if any(config.status != Status.FAILED for config in outcome.configs) else 1
     return CommandResult(status, document)

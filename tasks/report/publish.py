@@ -11,6 +11,7 @@ the Prefect UI cannot load files beside the report.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import shutil
@@ -34,7 +35,12 @@ from towerbench.tasks.report.reading import (
     sweep_parent,
     sweep_records,
 )
-from towerbench.tasks.report.render import ReportHeader, nightly_section, render_report
+from towerbench.tasks.report.render import (
+    ReportHeader,
+    nightly_section,
+    render_report,
+    verdicts_by_group,
+)
 from towerbench.tasks.report.statistics import GroupRow
 from towerbench.tasks.report.verdicts import compare
 from towerbench.tasks.tracking import (
@@ -45,6 +51,7 @@ from towerbench.tasks.tracking import (
 )
 
 REPORT_ARTIFACT_DIR = "report"
+VERDICTS_FILE = "verdicts.json"  # beside report.md: each configuration's verdict
 Say = Callable[[str], None]
 FIGURE_LINK = re.compile(r"\]\(([\w.-]+\.png)\)")
 HTML_PAGE = """<!doctype html>
@@ -153,6 +160,7 @@ def write_report(
         names = report_figures(records, folder)
         text = render_report(header, rows, records, {name: name for name in names}, nightly)
         (folder / "report.md").write_text(text)
+        (folder / VERDICTS_FILE).write_text(json.dumps(verdicts_by_group(rows), indent=1))
         html = report_html(embed_figures(text, folder), header.title)
         (folder / "report.html").write_text(html)
 
@@ -164,6 +172,11 @@ def write_report(
     for start in range(0, len(metrics), 1000):  # MLflow's batch limit
         client.log_batch(parent_run_id, metrics=metrics[start : start + 1000])
     return destination / "report.md"
+
+
+def read_verdicts(report_path: Path) -> dict[str, str]:
+    """The verdicts the report at `report_path` states, by configuration."""
+    return json.loads((Path(report_path).parent / VERDICTS_FILE).read_text())
 
 
 def publish_artifact(report_path: Path, key: str, lead: str = "") -> None:

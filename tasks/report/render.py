@@ -194,11 +194,14 @@ def _budgets(rows: list[GroupRow]) -> list[str]:
     return ["", "Budget, against each configuration's 1-tower baseline (sweep.budget):", "", *lines]
 
 
+def verdicts_by_group(rows: list[GroupRow]) -> dict[str, str]:
+    """Each configuration's verdict with its notes, as the report states it."""
+    return {row.group: row.verdict + "".join(f"; {note}" for note in row.notes) for row in rows}
+
+
 def _verdicts(rows: list[GroupRow]) -> list[str]:
     lines = ["## Verdicts", ""]
-    for row in rows:
-        notes = "".join(f"; {note}" for note in row.notes)
-        lines.append(f"- **{row.group}**: {row.verdict}{notes}")
+    lines += [f"- **{group}**: {text}" for group, text in verdicts_by_group(rows).items()]
     return lines
 
 

@@ -30,6 +30,7 @@ from towerbench.model.training_data import check_training_data
 from towerbench.tasks.tracking import mark_failed, mark_killed, tracking_server_watched
 from towerbench.tasks.training.fork_server import TrainingProcess
 from towerbench.tasks.training.local_cluster import last_error, run_local_cluster
+from towerbench.tasks.training.progress import tell
 from towerbench.tasks.training.worker import EVENT_PREFIX, WorkerRequest
 
 
@@ -151,6 +152,8 @@ def train_configuration(
                 event.get("images_per_sec") or float("nan"),
             )
         epoch = event.get("epoch")
+        if epoch is not None:
+            tell(name, epoch, epochs)
         if progress_artifact is not None and epoch is not None:
             fraction = min(max(epoch / epochs, 0.0), 1.0)
             update_progress_artifact(progress_artifact, start + (end - start) * fraction)
