@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import cloudpickle
+import cloudpickle  # type: ignore[import-untyped]  # ships no type information
 
 from towerbench.core.errors import TowerbenchError
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    import pandas
+    import pandas  # type: ignore[import-untyped]  # no stubs installed
 
 
 class Status(StrEnum):

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from towerbench.core.tfrecord_format import Features
 from towerbench.model.input_pipeline import evaluation_dataset
 
 EVAL_BATCH = 500
@@ -25,11 +26,11 @@ class Evaluator:
         model,
         device: str,
         files: Sequence[str],
-        image_shape: Sequence[int],
+        features: Features | Sequence[int],
         crop_size: int | None,
         classes: int,
     ):
-        self.dataset = evaluation_dataset(files, image_shape, crop_size, EVAL_BATCH)
+        self.dataset = evaluation_dataset(files, features, crop_size, EVAL_BATCH)
         self.model, self.device, self.classes = model, device, classes
         self.non_trainable = model.non_trainable_variables
 

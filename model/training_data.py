@@ -60,8 +60,8 @@ def check_config_against_data(config: TrainConfig, manifest: Manifest) -> None:
             f"--global-batch {config.global_batch} exceeds the {examples} training examples of "
             f"{config.dataset!r}: the train split must hold at least one global batch"
         )
-    cropped = manifest.features.is_image and config.crop_size is not None  # else fed whole
-    if cropped and config.crop_size > min(manifest.image_shape[:2]):
+    crop = config.crop_size if manifest.features.is_image else None  # other data is fed whole
+    if crop is not None and crop > min(manifest.image_shape[:2]):
         height, width, _ = manifest.image_shape
         raise TowerbenchError(
             f"--crop-size {config.crop_size} is larger than the {height}x{width} images of "

@@ -88,7 +88,9 @@ common = dict(model=build, data=data, name="blobs", tracking_uri="sqlite:///mlfl
 one = towerbench.train(**common)
 swept = towerbench.sweep(towers=[1, 2], seeds=[0], **common)
 advice = towerbench.advise(towers=2, verify=False, probe_steps=20, **common)
+import psutil
 print(json.dumps({
+    "children": [child.name() for child in psutil.Process().children(recursive=True)],
     "train": one.model_dump(mode="json"),
     "sweep": swept.model_dump(mode="json"),
     "rows": len(swept.to_frame()),
@@ -123,3 +125,71 @@ def test_train_sweep_and_advise_from_a_python_script(tmp_path):
         assert client.get_run(run_id).info.status == "FINISHED"
     assert (tmp_path / "data" / "raw" / "blobs" / "blobs.npz").is_file()
     assert "Traceback" not in done.stderr
+    assert result["children"] == []  # nothing the calls started outlives them
+
+
+INTERRUPTED = """
+import sys
+import numpy as np
+import keras
+import towerbench
+
+def build(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(keras.layers.Dense(64)(inputs)))
+
+rng = np.random.default_rng(0)
+labels = rng.integers(0, 3, size=3000)
+features = (labels[:, None] + rng.normal(size=(3000, 12))).astype(np.float32)
+data = ((features[:2400], labels[:2400]), (features[2400:], labels[2400:]))
+result = towerbench.sweep(model=build, data=data, name="blobs", towers=[2], seeds=[0],
+                          epochs=int(sys.argv[1]), global_batch=32,
+                          tracking_uri="sqlite:///mlflow.db")
+print("PARENT", result.parent_run_id, result.configs[0].status)
+"""
+
+
+@pytest.mark.slow
+def test_an_interrupted_call_marks_its_runs_killed_and_the_same_call_resumes(tmp_path):
+    """The kernel's stop button is a SIGINT: the call raises KeyboardInterrupt, its runs are
+    KILLED with their checkpoints kept, and the same call again continues them."""
+    import signal
+
+    import mlflow
+
+    (tmp_path / "script.py").write_text(INTERRUPTED)
+    command = [sys.executable, "script.py", "6"]
+    process = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    seen = []
+    for line in process.stdout:  # the first epoch's log line: training is under way
+        seen.append(line)
+        if "epoch 1:" in line:
+            break
+    process.send_signal(signal.SIGINT)
+    rest, _ = process.communicate(timeout=120)
+    assert process.returncode != 0 and "KeyboardInterrupt" in rest, "".join(seen) + rest
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name != "Default"]
+    runs = client.search_runs([experiment.experiment_id])
+    assert {run.info.status for run in runs} == {"KILLED"}
+    assert list((tmp_path / "data" / "checkpoints").glob("*/*"))  # kept for the resume
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    parent = again.stdout.split("PARENT ")[1].split()[0]
+    assert parent in {run.info.run_id for run in runs}  # the same sweep, resumed
+    after = client.search_runs([experiment.experiment_id])
+    assert {run.info.run_id for run in after} == {run.info.run_id for run in runs}  # reopened
+    assert {run.info.status for run in after} == {"FINISHED"}
+
+
+@pytest.mark.slow
+def test_gradcheck_of_a_notebook_function(tmp_path):
+    result = towerbench.gradcheck(
+        model=define_build(8), towers=2, global_batch=8, data_dir=tmp_path
+    )
+    assert result.towers == 2 and result.global_batch == 8
+    assert result.passed, result.explanation
+    with pytest.raises(towerbench.TowerbenchError, match="unrecognized arguments: --epochs"):
+        towerbench.gradcheck(model=define_build(8), towers=2, epochs=3, data_dir=tmp_path)

@@ -16,10 +16,11 @@ matplotlib.use("Agg")  # no display: figures only go to files
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.typing import LineStyleType
 
 from towerbench.tasks.report.statistics import RunRecord  # noqa: E402
 
-SEED_STYLES = ("-", "--", ":", "-.")
+SEED_STYLES: tuple[LineStyleType, ...] = ("-", "--", ":", "-.")
 DPI = 110
 
 
@@ -29,7 +30,7 @@ def _colours(records: list[RunRecord]) -> dict[str, tuple]:
     return {group: palette(index % 10) for index, group in enumerate(groups)}
 
 
-def _style(seed: int) -> str:
+def _style(seed: int) -> LineStyleType:
     return SEED_STYLES[seed % len(SEED_STYLES)]
 
 
