@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from towerbench.api.progress import progress_bars
 from towerbench.config.params import Params
 from towerbench.serve.startup import prepare_prefect
+from towerbench.tasks.training.fork_server import stop_fork_server
 
 
 def _temporary_servers() -> set[object]:
@@ -27,14 +28,6 @@ def _logs_sent() -> None:
     from prefect.logging.handlers import APILogWorker
 
     APILogWorker.drain_all(timeout=5)
-
-
-def _stop_fork_server() -> None:
-    """multiprocessing's fork server and resource tracker (its own helpers, no public stop)."""
-    from multiprocessing import forkserver, resource_tracker
-
-    forkserver._forkserver._stop()  # type: ignore[attr-defined]
-    resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
@@ -52,4 +45,4 @@ def orchestrated(params: Params) -> Iterator[None]:
             _logs_sent()
         for server in started:
             server.stop()  # type: ignore[attr-defined]
-        _stop_fork_server()
+        stop_fork_server()

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 
 GRACE_SECONDS = 3.0
 
@@ -87,6 +88,16 @@ def remove_when_this_process_ends(folder: str) -> None:
     if not _PROCESS_REAPERS:
         _PROCESS_REAPERS.append(Reaper())
     _PROCESS_REAPERS[0].remove(folder)
+
+
+def end_process_reapers(keep: Iterable[str] = ()) -> None:
+    """End the process-wide watchdogs now, leaving the folders in `keep` in place: for a
+    long-lived process (a notebook's kernel) between calls, whose own exit removes those."""
+    while _PROCESS_REAPERS:
+        reaper = _PROCESS_REAPERS.pop()
+        for folder in keep:
+            reaper.keep(folder)
+        reaper.close()
 
 
 def temporary_files_of_this_process(prefix: str) -> str:

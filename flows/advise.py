@@ -112,7 +112,7 @@ def advise_params(params: Params, advice: AdviseConfig, fresh: bool = False) -> 
         train, grid = recipe_runs(params, advice, recipe)
         sections = recipe_params(params, train, grid)
         path = write_params_file(params.report.report_dir, run_id, sections, lines)
-        log_advice(params, run_id, measured, recipe, path, lines)
+        log_advice(params, run_id, measured, recipe, path, lines, advice.verify)
         if advice.verify:
             verification = verify_recipe(params, train, grid, recipe, fresh)
         status = RunStatus.FINISHED

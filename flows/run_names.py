@@ -47,10 +47,13 @@ def dated_run_name(flow: str) -> str:
 
 
 def advise_run_name() -> str:
-    """`advise towers=4 seeds=3` (and the model or dataset when the form named one)."""
+    """`advise towers=4 seeds=3` (`advise towers=4` without verification; the model or dataset
+    too when the form named one)."""
     parameters = flow_run.parameters
     advice = parameters["advice"]
     chosen = [parameters.get(name) for name in ("model", "dataset")]
     named = " ".join(str(value) for value in chosen if value)
-    asked = f"towers={_field(advice, 'towers')} seeds={_field(advice, 'seeds')}"
+    asked = f"towers={_field(advice, 'towers')}"
+    if _field(advice, "verify", True):  # the seeds of the verification sweep
+        asked += f" seeds={_field(advice, 'seeds')}"
     return " ".join(part for part in ("advise", named, asked) if part)

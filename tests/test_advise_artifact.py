@@ -23,6 +23,7 @@ from towerbench.tasks.advise.advice import (
     log_advice,
     start_advice_run,
     verdict_section,
+    without_asides,
 )
 from towerbench.tasks.advise.recipe import Measurements, choose_recipe
 from towerbench.tasks.advise.verdict import Verification
@@ -50,7 +51,9 @@ def test_the_advice_says_the_probe_the_recipe_the_params_file_and_the_verdict() 
     assert "| largest stable LR at batch 512 | 0.4 | no trial diverged |" in text
     assert "| choice | value | the number behind it |" in text
     budget = RECIPE.budget
-    assert f"| budget | {budget.value} | {budget.reason} |" in text and "1.83×" in budget.reason
+    short = without_asides(budget.reason)
+    assert f"| budget | {budget.value} | {short} |" in text and "1.83×" in short
+    assert f"- **budget: {budget.value}** — {budget.reason}" in text  # the reason in full
     assert f"| LR scaling | {RECIPE.lr_scaling.value} | " in text
     assert "Cost: predicted 718 optimizer steps" in text
     assert "`towerbench sweep --params /p/advise-1.yaml`" in text
@@ -58,7 +61,15 @@ def test_the_advice_says_the_probe_the_recipe_the_params_file_and_the_verdict() 
     assert verdict.startswith("## Verdict\n\nthe recipe reached the 1-tower accuracy: Δ +0.5 pp")
     assert "| reached | +0.5 pp | [-0.4, +1.4] pp | 1.25× |" in verdict
     assert "report `/reports/sweep-run/report.md`" in verdict
-    assert "Not verified (yet)" in verdict_section(None)
+    assert "Not verified (verification was off)" in verdict_section(None)
+    assert "Being verified" in verdict_section(None, verifying=True)
+
+
+def test_asides_leave_the_table_nested_ones_too() -> None:
+    reason = "batch 512 is 1.5× the noise 331 (mean of (296 -> 365; loss 2.2), the rule): gain 2.18"
+    assert without_asides(reason) == "batch 512 is 1.5× the noise 331: gain 2.18"
+    formula = "needs (1 + B/B_noise) / (1 + b0/B_noise) = 1.84× the epochs (McCandlish et al.)"
+    assert without_asides(formula) == "needs (1 + B/B_noise) / (1 + b0/B_noise) = 1.84× the epochs"
 
 
 def _params(root: Path) -> Params:
@@ -73,7 +84,8 @@ def _params(root: Path) -> Params:
 def _advise_flow(params: Params, params_file: Path, verification: Verification | None) -> str:
     """What flows/advise.py does around the probe: start, keep the recipe, finish."""
     run_id = start_advice_run(params, MEASURED.towers)
-    log_advice(params, run_id, MEASURED, RECIPE, params_file, [*PROBE, *RECIPE.lines()])
+    lines = [*PROBE, *RECIPE.lines()]
+    log_advice(params, run_id, MEASURED, RECIPE, params_file, lines, verifying=True)
     finish_advice_run(params, run_id, verification, "FINISHED")
     return run_id
 
@@ -99,10 +111,11 @@ def test_an_advise_flow_run_publishes_the_advice_and_records_the_sweeps_data_ver
     with prefect_test_harness(server_startup_timeout=120):
         run_id = _advise_flow(params, params_file, VERIFIED)
         pending, published = _advice_artifacts()
-    recipe_row = f"| LR scaling | {RECIPE.lr_scaling.value} | {RECIPE.lr_scaling.reason} |"
-    assert recipe_row in pending and "Not verified (yet)" in pending
+    reason = without_asides(RECIPE.lr_scaling.reason)
+    recipe_row = f"| LR scaling | {RECIPE.lr_scaling.value} | {reason} |"
+    assert recipe_row in pending and "Being verified" in pending
     assert recipe_row in published and "| reached | +0.5 pp | [-0.4, +1.4] pp |" in published
-    assert "Not verified" not in published
+    assert "Being verified" not in published
 
     client = MlflowClient(params.tracking.tracking_uri)
     artifacts = {item.path for item in client.list_artifacts(run_id)}

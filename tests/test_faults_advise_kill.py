@@ -5,9 +5,11 @@ nothing is left in the temporary folder, and the next run closes the run it left
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,13 +74,14 @@ def _kill_during_the_probe(project: Path, temporary: Path) -> list[psutil.Proces
 
 
 def test_advise_killed_during_its_probe_leaves_nothing_and_its_run_is_closed_next_time(
-    tmp_path: Path,
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     project = tmp_path / "project"
     project.mkdir()
     fixtures_model.write_digits_project(project, PARAMS, train=480, test=120)
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
+    # Short: the fork server's socket lives in it (AF_UNIX paths hold 107 bytes).
+    temporary = Path(tempfile.mkdtemp(prefix="tb-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(temporary, ignore_errors=True))
 
     started = _kill_during_the_probe(project, temporary)
     assert len(started) >= 4  # watchdog, resource tracker, fork server, probe, Prefect's server

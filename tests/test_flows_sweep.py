@@ -180,8 +180,10 @@ def test_sweep_records_parent_and_one_nested_run_per_configuration(finished_swee
     ]
     for config in outcome["configs"]:
         assert set(config) == {
-            *("run_id", "towers", "workers", "seed", "status", "test_accuracy", "worker")
+            *("run_id", "towers", "workers", "seed", "status", "test_accuracy", "worker"),
+            *("epochs", "steps"),  # as trained
         }
+        assert (config["steps"] is None) == (config["status"] == "failed")
         assert config["worker"] is None  # trained here, not by a pool's worker
         assert (config["test_accuracy"] is None) == (config["status"] == "failed")
 
@@ -275,6 +277,7 @@ def test_report_file_mlflow_copy_and_report_command(finished_sweep) -> None:
     assert {path.name for path in report.parent.iterdir()} == {
         "report.md",
         "report.html",
+        "verdicts.json",  # SweepResult.verdicts
         "accuracy_vs_epoch.png",
         "accuracy_vs_time.png",
         "loss_vs_epoch.png",
@@ -283,6 +286,8 @@ def test_report_file_mlflow_copy_and_report_command(finished_sweep) -> None:
     assert "![loss_vs_epoch.png](loss_vs_epoch.png)" in text  # files beside the markdown
     html = (report.parent / "report.html").read_text()
     assert "<table>" in html and html.count('src="data:image/png;base64,') == 4
+    verdicts = json.loads((report.parent / "verdicts.json").read_text())
+    assert verdicts == outcome["verdicts"] and all(group in text for group in verdicts)
     client = MlflowClient(tracking.tracking_uri)
     logged = {item.path for item in client.list_artifacts(outcome["parent_run_id"], "report")}
     assert {"report/report.md", "report/report.html"} <= logged

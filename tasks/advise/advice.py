@@ -164,10 +164,44 @@ def start_advice_run(params: Params, towers: int) -> str:
 
 ADVICE_FILE = "advice"  # advice.md and advice.html in the advise run
 VERDICT_HEADING = "## Verdict"
-UNVERIFIED = (
-    "Not verified (yet): unless `--no-verify` was given, the verification sweep trains 1 tower "
-    "and the recipe's towers now; its verdict replaces this section."
+VERIFYING = (
+    "Being verified: the verification sweep trains 1 tower and the recipe's towers now; its "
+    "verdict replaces this section."
 )
+NOT_VERIFIED = (
+    "Not verified (verification was off): `towerbench sweep --params` with the params file "
+    "above verifies the recipe."
+)
+
+
+OPERATORS = set("/*+-=×")  # a parenthesised group next to one is part of a formula
+
+
+def _top_level_groups(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each outermost parenthesised group of `text`."""
+    groups, depth, start = [], 0, 0
+    for index, character in enumerate(text):
+        if character == "(":
+            start = index if depth == 0 else start
+            depth += 1
+        elif character == ")" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                groups.append((start, index + 1))
+    return groups
+
+
+def without_asides(text: str) -> str:
+    """`text` without its parenthesised asides (nested ones too), keeping a formula's groups
+    (`(1 + B/B_noise) / (1 + b0/B_noise)`): the number, not its story."""
+    kept, last = [], 0
+    for start, end in _top_level_groups(text):
+        before, after = text[:start].rstrip()[-1:], text[end:].lstrip()[:1]
+        if before not in OPERATORS and after not in OPERATORS:
+            kept.append(text[last:start])
+            last = end
+    kept.append(text[last:])
+    return " ".join("".join(kept).split()).replace(" :", ":").replace(" ,", ",")
 
 
 def _number(value: float | None, pattern: str, unit: str = "") -> str:
@@ -177,7 +211,11 @@ def _number(value: float | None, pattern: str, unit: str = "") -> str:
 def measurements_table(measured: Measurements) -> str:
     """What the probe measured, each with how it was measured."""
     rows = [
-        ["noise scale", _number(measured.noise_scale, ".0f"), measured.noise_scale_source],
+        [
+            "noise scale",
+            _number(measured.noise_scale, ".0f"),
+            without_asides(measured.noise_scale_source),
+        ],
         [
             f"largest stable LR at batch {measured.global_batch}",
             _number(measured.largest_stable_lr, ".3g"),
@@ -194,26 +232,41 @@ def measurements_table(measured: Measurements) -> str:
     return markdown_table(["measurement", "value", "how"], rows)
 
 
-def recipe_table(recipe: Recipe) -> str:
-    """Each choice with its value and the number behind it (its reason)."""
-    choices = [
+def _choices(recipe: Recipe) -> list[tuple[str, Any]]:
+    return [
         ("optimizer", recipe.optimizer),
         ("LR scaling", recipe.lr_scaling),
         ("warmup epochs", recipe.warmup_epochs),
         ("budget", recipe.budget),
         ("schedule", recipe.decay),
     ]
+
+
+def recipe_table(recipe: Recipe) -> str:
+    """Each choice with its value and the number behind it (its reason without its asides,
+    so the table fits a page; `recipe_reasons` gives them whole)."""
     rows = [
-        [name, f"{c.value:g}" if isinstance(c.value, float) else str(c.value), c.reason]
-        for name, c in choices
+        [name, _value(choice), without_asides(choice.reason)] for name, choice in _choices(recipe)
     ]
     return markdown_table(["choice", "value", "the number behind it"], rows)
 
 
-def verdict_section(verification: Verification | None) -> str:
-    """The verdict with its interval and the verification sweep's report, or UNVERIFIED."""
+def _value(choice: Any) -> str:
+    return f"{choice.value:g}" if isinstance(choice.value, float) else str(choice.value)
+
+
+def recipe_reasons(recipe: Recipe) -> list[str]:
+    """Each choice's reason in full, as list items."""
+    return [
+        f"- **{name}: {_value(choice)}** — {choice.reason}" for name, choice in _choices(recipe)
+    ]
+
+
+def verdict_section(verification: Verification | None, verifying: bool = False) -> str:
+    """The verdict with its interval and the verification sweep's report; without one, whether
+    the verification is under way or was off."""
     if verification is None:
-        return f"{VERDICT_HEADING}\n\n{UNVERIFIED}\n"
+        return f"{VERDICT_HEADING}\n\n{VERIFYING if verifying else NOT_VERIFIED}\n"
     low, high = verification.ci_low_pp, verification.ci_high_pp
     interval = "—" if low is None or high is None else f"[{low:+.1f}, {high:+.1f}] pp"
     row = [
@@ -248,6 +301,10 @@ def advice_markdown(
             "## Recipe",
             "",
             recipe_table(recipe),
+            "",
+            "Why, in full:",
+            "",
+            *recipe_reasons(recipe),
             "",
             *cost,
             f"Params file: `{params_file}` (`towerbench sweep --params {params_file}` runs the "
@@ -284,9 +341,11 @@ def log_advice(
     recipe: Recipe,
     params_file: Path,
     lines: list[str],
+    verifying: bool,
 ) -> str:
     """The measurements as params and metrics, the params file, and the advice (`lines`: the
-    probe's, then the recipe's) published (publish_advice) awaiting its verdict; its markdown."""
+    probe's, then the recipe's) published (publish_advice), awaiting its verdict when
+    `verifying`; its markdown."""
     client = client_for(params.tracking)
     values = dataclasses.asdict(measured)
     log_params(client, run_id, flat_params({"measured": values, **recipe.sections()}))
@@ -304,7 +363,7 @@ def log_advice(
     probe = lines[: len(lines) - len(recipe.lines())]
     title = f"towerbench advise: {params.train.dataset} on {measured.towers} towers"
     text = advice_markdown(title, measured, recipe, params_file, probe)
-    publish_advice(params, run_id, f"{text}\n{verdict_section(None)}")
+    publish_advice(params, run_id, f"{text}\n{verdict_section(None, verifying)}")
     return text
 
 

@@ -22,12 +22,12 @@ import tempfile
 import traceback
 import types
 from collections.abc import Callable, Iterator
-from multiprocessing import forkserver, reduction, util
+from multiprocessing import forkserver, reduction, resource_tracker, util
 from typing import IO, Any
 
 from towerbench.config.sections import TrainConfig
 from towerbench.core.processes import forked_from_server, stop, watch_parent
-from towerbench.core.reaper import remove_when_this_process_ends
+from towerbench.core.reaper import end_process_reapers, remove_when_this_process_ends
 
 PRELOAD = [
     "towerbench.tasks.training.imports",
@@ -48,6 +48,16 @@ def start_fork_server() -> None:
     if folder not in _REMOVED:
         remove_when_this_process_ends(folder)
         _REMOVED.add(folder)
+
+
+def stop_fork_server() -> None:
+    """Stop the server, its resource tracker and the watchdog of its socket's folder (which
+    multiprocessing removes at this process's exit): a notebook's call leaves nothing running.
+    The next training process starts them again."""
+    forkserver._forkserver._stop()  # type: ignore[attr-defined]  # no public stop
+    resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
+    end_process_reapers(keep=_REMOVED)
+    _REMOVED.clear()
 
 
 def start_fork_server_for(configs: list[TrainConfig], pool: str | None) -> None:
