@@ -16,8 +16,9 @@ import pytest
 # An owner like `towerbench ui`: a reaper, a server in its own session that starts a worker of
 # its own (as `mlflow ui` starts uvicorn), then it prints their pids and waits to be killed.
 OWNER = """
-import subprocess, sys, tempfile, time
+import signal, subprocess, sys, tempfile, time
 from towerbench.core.reaper import Reaper
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as `ui` does, even when launched under nohup
 reaper = Reaper()
 scratch, kept = tempfile.mkdtemp(), tempfile.mkdtemp()
 reaper.remove(scratch)
