@@ -453,3 +453,23 @@ def test_adamw_beside_a_models_regularizers_is_refused_as_double_weight_decay(tm
         "they would decay twice; set --weight-decay 0 to keep the regularizers, or remove them"
     ]
     assert main([*command, "--weight-decay", "0"]) == 0
+
+
+def test_the_small_resnet_example_offers_a_network_for_decoupled_weight_decay():
+    """examples/small_resnet.py: `build` keeps its L2 regularizers (refused beside adamw's own
+    decay), `build_without_l2` is the same network without them (accepted)."""
+    from towerbench.model.optimizers import check_weight_decay_once
+    from towerbench.model.user_model import load_builder
+
+    example = Path(__file__).parent.parent / "examples" / "small_resnet.py"
+    networks = {}
+    for function in ("build", "build_without_l2"):
+        reference = parse_model(f"{example}:{function}")
+        networks[function] = load_builder(reference, function)((32, 32, 3), 10)
+    config = TrainConfig(model=f"{example}:build", optimizer="adamw")
+    with pytest.raises(TowerbenchError, match="they would decay twice"):
+        check_weight_decay_once(networks["build"], config)
+    check_weight_decay_once(networks["build_without_l2"], config)
+    shapes = {f: [v.shape for v in m.trainable_variables] for f, m in networks.items()}
+    assert shapes["build"] == shapes["build_without_l2"]
+    assert not networks["build_without_l2"].losses and len(networks["build"].losses) == 7

@@ -71,6 +71,10 @@ def test_convergence_of_the_reference_on_rising_and_flat_histories() -> None:
     ]
     settled = convergence(flat)  # +0.4 pp on average, seeds 0.7 pp apart
     assert settled is not None and settled.converged
+    # Seeds that agree exactly: the margin, not a zero spread, is the noise.
+    agreeing = convergence([Curve(epochs, epochs, [0.5] * 7 + [0.505])] * 2)
+    assert agreeing is not None and agreeing.converged and agreeing.noise_kind == "the margin"
+    assert not convergence([Curve(epochs, epochs, [0.5] * 7 + [0.52])] * 2).converged
     # One seed: the margin is the noise.
     assert convergence([Curve(epochs, epochs, [0.5] * 7 + [0.505])]).converged
     assert not convergence([Curve(epochs, epochs, [0.5] * 7 + [0.52])]).converged

@@ -150,12 +150,12 @@ def non_inferiority(
 class Convergence:
     """Whether the reference stopped improving: its test accuracy's rise over the last quarter
     of its epochs (mean over seeds) against the noise between seeds (the sample standard
-    deviation of their final accuracies; the margin with one seed)."""
+    deviation of their final accuracies), never less than the verdicts' margin."""
 
     converged: bool
     rise: float
     noise: float
-    noise_kind: str  # "seed spread" or "margin"
+    noise_kind: str  # the spread between seeds, or the margin when larger
 
     def text(self) -> str:
         rise = f"{signed_pp(self.rise)} pp over the last quarter of its epochs"
@@ -200,10 +200,11 @@ def convergence(curves: list[Curve], margin: float = CLOSE_ENOUGH) -> Convergenc
     if not rises:
         return None
     finals = [curve.accuracies[-1] for curve in curves if curve.accuracies]
-    if len(finals) > 1:
-        noise, kind = float(np.std(finals, ddof=1)), "the spread between seeds"
-    else:
-        noise, kind = margin, "the margin, one seed"
+    spread = float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0
+    if spread > margin:
+        noise, kind = spread, "the spread between seeds"
+    else:  # seeds that agree (or one seed) cannot ask for less than the verdicts' margin
+        noise, kind = margin, "the margin" if len(finals) > 1 else "the margin, one seed"
     rise = float(np.mean(rises))
     return Convergence(rise <= noise, rise, noise, kind)
 
