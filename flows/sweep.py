@@ -71,6 +71,7 @@ from towerbench.tasks.tracking import (
     run_url,
     set_tags,
     start_sweep_run,
+    sweep_charts_url,
     sweep_children,
     tracking_server_watched,
     unfinished_sweep,
@@ -363,7 +364,13 @@ def run_sweep(
     with tracking_server_watched(tracking):
         run = open_sweep(tracking, plan, train, sweep, kind, fresh)
     mlflow_url = run_url(tracking, run.experiment_id, run.parent_run_id)
-    get_run_logger().info("%d runs; MLflow parent run %s", len(plan.configs), mlflow_url)
+    charts_url = sweep_charts_url(tracking, run.experiment_id, run.parent_run_id)
+    get_run_logger().info(
+        "%d runs; MLflow parent run %s; its runs' charts %s",
+        len(plan.configs),
+        mlflow_url,
+        charts_url,
+    )
     status = RunStatus.FAILED
     try:
         with tracking_server_watched(tracking):

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import numpy as np
@@ -449,6 +450,24 @@ def finish_sweep_run(tracking: TrackingConfig, run_id: str, status: str) -> None
 def run_url(tracking: TrackingConfig, experiment_id: str, run_id: str) -> str:
     """Link to a run in the MLflow UI (a tracking server's own address when there is one)."""
     return f"{_ui_base(tracking)}/#/experiments/{experiment_id}/runs/{run_id}{TRAINING_VIEW}"
+
+
+def children_filter(parent_run_id: str) -> str:
+    """MLflow's search filter for a sweep's configuration runs."""
+    return f"tags.`{PARENT_TAG}` = '{parent_run_id}'"
+
+
+def sweep_charts_url(tracking: TrackingConfig, experiment_id: str, parent_run_id: str) -> str:
+    """Link to MLflow's charts of a sweep's configuration runs. The UI nests child runs under a
+    parent row (its charts then plot and name the parents) unless the runs are filtered and
+    sorted by something other than their start: this link filters on the parent, sorts by name."""
+    query = {
+        "compareRunsMode": "CHART",
+        "searchFilter": children_filter(parent_run_id),
+        "orderByKey": "tags.`mlflow.runName`",
+        "orderByAsc": "true",
+    }
+    return f"{runs_url(tracking, experiment_id)}&{urlencode(query)}"
 
 
 def _ui_base(tracking: TrackingConfig) -> str:

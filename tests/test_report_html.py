@@ -13,6 +13,9 @@ from towerbench.tasks.report.render import ReportHeader, nightly_section, render
 from towerbench.tasks.report.statistics import Curve, RunRecord
 from towerbench.tasks.report.verdicts import compare
 
+RUN = "http://mlflow/run"
+CHARTS = "http://mlflow/#/experiments/1/runs?compareRunsMode=CHART"
+
 TABLE_SEPARATOR = re.compile(r"^\|(\s*:?-+:?\s*\|)+$")
 
 
@@ -54,7 +57,7 @@ def test_every_markdown_table_renders_as_an_html_table() -> None:
     records = [record(1, 0, 0.90), record(1, 1, 0.91), record(2, 0, 0.88), record(2, 1, 0.89)]
     rows, target = compare(records, [], None)
     earlier, _ = compare([record(2, 0, 0.92), record(2, 1, 0.93)], [], None)
-    header = ReportHeader("a sweep", "parent", "http://mlflow/run", "v1", ["logical CPU"], target)
+    header = ReportHeader("a sweep", "parent", RUN, CHARTS, "v1", ["logical CPU"], target)
     nightly = nightly_section("previous", True, rows, {row.group: row for row in earlier})
     text = render_report(header, rows, records, {"accuracy": "accuracy.png"}, nightly)
 
@@ -68,7 +71,7 @@ def test_every_markdown_table_renders_as_an_html_table() -> None:
 def test_the_setup_table_says_why_one_tower_reads_lr_none_warmup_0() -> None:
     records = [record(1, 0, 0.90), record(2, 0, 0.88)]
     rows, target = compare(records, [], None)
-    header = ReportHeader("a sweep", "parent", "http://mlflow/run", "v1", ["logical CPU"], target)
+    header = ReportHeader("a sweep", "parent", RUN, CHARTS, "v1", ["logical CPU"], target)
     setup = render_report(header, rows, records, {}).split("## Accuracy")[0]
     assert "every LR scaling rule gives base_lr there" in setup
     assert f"`{rows[0].group}`" in setup and f"`{rows[1].group}`" not in setup.split("\n\n")[-1]

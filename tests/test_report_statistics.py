@@ -327,8 +327,9 @@ def test_rendered_tables_fit_a_page_and_figures_can_be_embedded() -> None:
     records += [_record(4, "linear", s, a) for s, a in enumerate([0.85, 0.87])]
     records += [_adascale_run(s, a) for s, a in enumerate([0.85, 0.87])]
     rows, target = compare(records, [], None)
+    charts = "http://mlflow/#/experiments/1/runs?compareRunsMode=CHART"
     header = ReportHeader(
-        "sweep", "run-id", "http://mlflow/#/run-id", "v1", ["logical CPU"], target
+        "sweep", "run-id", "http://mlflow/#/run-id", charts, "v1", ["logical CPU"], target
     )
     text = render_report(
         header, rows, records, {"accuracy_vs_epoch.png": "data:image/png;base64,AA"}

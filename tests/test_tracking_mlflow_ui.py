@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import fixtures_model
 import pytest
@@ -25,6 +26,7 @@ from towerbench.tasks.tracking import (
     ensure_experiment,
     run_url,
     runs_url,
+    sweep_charts_url,
 )
 from towerbench.tasks.training.train import run_training_process
 from towerbench.tasks.training.worker import WorkerRequest
@@ -83,6 +85,27 @@ def test_the_runs_link_opens_the_columns_a_sweep_compares(tmp_path) -> None:
     client.set_experiment_tag(created, "mlflow.sharedViewState.towerbench", "{}")  # re-saved
     ensure_experiment(tracking, "towerbench-digits-tutorial")
     assert client.get_experiment(created).tags["mlflow.sharedViewState.towerbench"] == "{}"
+
+
+def test_the_charts_link_lists_the_sweeps_configuration_runs_by_name(tmp_path) -> None:
+    """MLflow 3.17's UI nests child runs under their parent (its charts then plot and name the
+    parent) unless the runs are filtered and sorted by other than their start: the charts link's
+    filter and order, run as the UI runs them, give this sweep's configuration runs by name."""
+    tracking = tracking_in(tmp_path)
+    client = MlflowClient(tracking.tracking_uri)
+    experiment_id = ensure_experiment(tracking, "towerbench-digits-tutorial")
+    parents = [client.create_run(experiment_id).info.run_id for _ in range(2)]
+    for parent, names in zip(parents, (["towers=4", "towers=1"], ["towers=2"]), strict=True):
+        for name in names:
+            client.create_run(experiment_id, run_name=name, tags={"mlflow.parentRunId": parent})
+    link = urlsplit(sweep_charts_url(tracking, experiment_id, parents[0]))
+    route, _, query = link.fragment.partition("?")
+    assert route == f"/experiments/{experiment_id}/runs"
+    asked = {key: values[-1] for key, values in parse_qs(query).items()}
+    assert asked["compareRunsMode"] == "CHART" and asked["viewStateShareKey"] == "towerbench"
+    order = f"{asked['orderByKey']} {'ASC' if asked['orderByAsc'] == 'true' else 'DESC'}"
+    found = client.search_runs([experiment_id], asked["searchFilter"], order_by=[order])
+    assert [run.info.run_name for run in found] == ["towers=1", "towers=4"]
 
 
 def test_epoch_metrics_are_logged_at_their_epoch_whatever_the_tower_count(tmp_path) -> None:

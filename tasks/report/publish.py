@@ -47,6 +47,7 @@ from towerbench.tasks.tracking import (
     FLOW_TAG,
     existing_store_client,
     run_url,
+    sweep_charts_url,
     swept_besides_axes,
 )
 
@@ -149,6 +150,7 @@ def write_report(
         title=parent.info.run_name,
         parent_run_id=parent_run_id,
         run_link=run_url(tracking, parent.info.experiment_id, parent_run_id),
+        charts_link=sweep_charts_url(tracking, parent.info.experiment_id, parent_run_id),
         data_version=parent.data.params.get("data_version", "unknown"),
         device_kinds=sorted({record.device_kind for record in records if record.device_kind}),
         target=target,

@@ -35,6 +35,7 @@ class ReportHeader:
     title: str
     parent_run_id: str
     run_link: str
+    charts_link: str  # MLflow's charts of the configuration runs
     data_version: str
     device_kinds: list[str]
     target: float | None
@@ -148,7 +149,8 @@ def _heading(header: ReportHeader, rows: list[GroupRow]) -> list[str]:
     return [
         f"# towerbench sweep report: {header.title}",
         "",
-        f"MLflow parent run: [{header.parent_run_id}]({header.run_link}) · data version "
+        f"MLflow parent run: [{header.parent_run_id}]({header.run_link}) "
+        f"([its runs' charts]({header.charts_link})) · data version "
         f"`{header.data_version}` · model: {models(rows)} · devices: "
         f"{', '.join(header.device_kinds) or 'unknown'} · time-to-accuracy target "
         f"{pct(header.target)}",
