@@ -88,11 +88,13 @@ def flow_breakdown(tracking: TrackingConfig, flow: dict[str, Any]) -> FlowBreakd
     and after the last (report, parent run closed)."""
     from mlflow import MlflowClient
 
+    from towerbench.tasks.tracking import children_filter
+
     client = MlflowClient(tracking.tracking_uri)
     parent = client.get_run(flow["parent"])
     children = client.search_runs(
         [parent.info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{flow['parent']}'",
+        filter_string=children_filter(flow["parent"]),
         order_by=["attributes.start_time ASC"],
     )
     spans = [(run.info.start_time / 1e3, run.info.end_time / 1e3) for run in children]

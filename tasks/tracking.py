@@ -24,7 +24,7 @@ from mlflow.data.numpy_dataset import from_numpy
 from mlflow.entities import DatasetInput, InputTag, Param, Run, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_RUN_NAME
 
 from towerbench.config.model_ref import model_label, provenance
 from towerbench.config.optimizers import adascale_power
@@ -254,7 +254,7 @@ def sweep_children(tracking: TrackingConfig, parent_run_id: str) -> dict[str, Ru
     parent = client.get_run(parent_run_id)
     children = client.search_runs(
         [parent.info.experiment_id],
-        filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
+        filter_string=children_filter(parent_run_id),
         max_results=5000,
     )
     return {
@@ -464,7 +464,7 @@ def sweep_charts_url(tracking: TrackingConfig, experiment_id: str, parent_run_id
     query = {
         "compareRunsMode": "CHART",
         "searchFilter": children_filter(parent_run_id),
-        "orderByKey": "tags.`mlflow.runName`",
+        "orderByKey": f"tags.`{MLFLOW_RUN_NAME}`",
         "orderByAsc": "true",
     }
     return f"{runs_url(tracking, experiment_id)}&{urlencode(query)}"

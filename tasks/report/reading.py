@@ -18,9 +18,9 @@ from towerbench.tasks.tracking import (
     FLOW_TAG,
     GROUP_TAG,
     KIND_TAG,
-    PARENT_TAG,
     STATUS_TAG,
     UNSTABLE_TAG,
+    children_filter,
 )
 
 
@@ -115,7 +115,7 @@ def sweep_records(client: MlflowClient, parent: Run) -> list[RunRecord]:
     """The configuration runs of a sweep, in start order."""
     children = client.search_runs(
         [parent.info.experiment_id],
-        filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'",
+        filter_string=children_filter(parent.info.run_id),
         order_by=["attributes.start_time ASC"],
         max_results=5000,
     )
