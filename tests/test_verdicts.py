@@ -154,6 +154,7 @@ def test_advise_does_not_say_reached_against_a_reference_still_improving() -> No
     assert verification.verdict.startswith(
         "the reference was still improving: Δ compares two under-trained runs (Δ +0.0 pp"
     )
+    assert verification.verdict.count("still improving") == 1
 
 
 def test_advise_states_no_difference_when_every_recipe_run_diverged() -> None:

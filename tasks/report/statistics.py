@@ -157,12 +157,15 @@ class Convergence:
     noise: float
     noise_kind: str  # the spread between seeds, or the margin when larger
 
-    def text(self) -> str:
+    def evidence(self) -> str:
+        """`+7.4 pp over the last quarter of its epochs, more than 1.0 pp (the margin)`."""
         rise = f"{signed_pp(self.rise)} pp over the last quarter of its epochs"
-        noise = f"{100 * self.noise:.1f} pp ({self.noise_kind})"
-        if self.converged:
-            return f"the reference had converged ({rise}, within {noise})"
-        return f"the reference was still improving ({rise}, more than {noise})"
+        against = "within" if self.converged else "more than"
+        return f"{rise}, {against} {100 * self.noise:.1f} pp ({self.noise_kind})"
+
+    def text(self) -> str:
+        state = "had converged" if self.converged else "was still improving"
+        return f"the reference {state} ({self.evidence()})"
 
 
 def judgement(decision: NonInferiority, reference: Convergence | None) -> str:
@@ -172,7 +175,7 @@ def judgement(decision: NonInferiority, reference: Convergence | None) -> str:
     if decision.outcome == "reached" and still and reference is not None:
         return (
             "the reference was still improving: Δ compares two under-trained runs "
-            f"({decision.interval()}; {reference.text()})"
+            f"({decision.interval()}; {reference.evidence()})"
         )
     after = f"; {reference.text()}" if still and reference is not None else ""
     if decision.outcome == "inconclusive":
