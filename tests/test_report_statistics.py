@@ -301,6 +301,22 @@ def test_the_note_advises_from_the_harmonic_mean_not_the_final_noise_scale() -> 
     ]
 
 
+def test_a_budget_beyond_what_the_noise_scale_asks_is_not_told_to_train_longer() -> None:
+    """The noise budget of issue 38 gave 2.04x the epochs; the noise scale measured in training
+    (harmonic mean 601 at batch 512) asks only 1.53x: the note says the budget gives that."""
+    baseline = [_record(1, "none", seed, acc) for seed, acc in enumerate([0.639, 0.642])]
+    scaled = [
+        _record(4, "sqrt", seed, acc, epochs=20.4, noise_scale=601.0)
+        for seed, acc in enumerate([0.647, 0.666])
+    ]
+    rows, _ = compare(baseline + scaled, [], None)
+    note = {row.group: row for row in rows}["towers=4 lr=sqrt epochs=20.4"].notes[0]
+    assert note.endswith(
+        "≈ 1.53× the epochs of batch 128: its budget (2.04× the epochs) already gives that"
+    )
+    assert "train for equal updates" not in note
+
+
 def test_loss_paradox_is_explained_from_the_measured_losses() -> None:
     def losses(train: float, test: float) -> dict[str, float]:
         return {
