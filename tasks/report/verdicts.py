@@ -27,9 +27,6 @@ from towerbench.tasks.report.statistics import (
 
 Applies = Callable[[TrainConfig], bool]
 
-# A budget at least this fraction of the epochs the noise scale asks for counts as giving them.
-BUDGET_TOLERANCE = 1.1
-
 
 def noise_scale_note(
     global_batch: int, noise_scale: float | None, reference_batch: int
@@ -67,7 +64,7 @@ def _noise_advice(row: GroupRow, baseline: GroupRow, rows: list[GroupRow]) -> st
     if _equal_updates(config, baseline.config):
         return f"{note}: its budget is already 1 tower's updates"
     needed = epochs_needed(noise_scale, baseline.config.global_batch, config.global_batch)
-    if row.epochs_factor is not None and row.epochs_factor >= needed / BUDGET_TOLERANCE:
+    if row.epochs_factor is not None and row.epochs_factor >= needed / EPOCHS_TOLERANCE:
         return f"{note}: its budget ({row.epochs_factor:.2f}× the epochs) already gives that"
     advice = _advice(
         "train for equal updates (or equal progress tau: adascale)",
