@@ -21,7 +21,7 @@ def prepare_prefect(params: Params) -> None:
     sweep, the training processes' fork server started (its imports overlap what follows); then
     Prefect's temporary server started as ours (when no API URL is set). This process never
     imports TensorFlow: training, preprocessing and evaluation run in processes of their own."""
-    os.environ.setdefault(
+    startup = os.environ.setdefault(
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(EPHEMERAL_STARTUP_SECONDS)
     )
     from towerbench.tasks.preflight import check_servers
@@ -32,7 +32,7 @@ def prepare_prefect(params: Params) -> None:
     start_fork_server_for(expand(params.train, params.sweep), params.sweep.pool)
     from towerbench.serve.temporary_server import start_owned_temporary_server
 
-    start_owned_temporary_server(EPHEMERAL_STARTUP_SECONDS)
+    start_owned_temporary_server(int(startup))  # the user's value (Prefect checked it), else ours
 
 
 def sweep_lock(params: Params) -> contextlib.AbstractContextManager[None]:

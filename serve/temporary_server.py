@@ -16,6 +16,7 @@ import subprocess
 import types
 from unittest import mock
 
+from towerbench.core.errors import TowerbenchError
 from towerbench.core.processes import stop
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -53,4 +54,13 @@ def start_owned_temporary_server(timeout_seconds: int) -> None:
                 stop([self.server_process], STOP_GRACE_SECONDS)
             super().stop()
 
-    OwnedServer().start(timeout=timeout_seconds)  # registered as Prefect's default server
+    try:
+        OwnedServer().start(timeout=timeout_seconds)  # registered as Prefect's default server
+    except RuntimeError as error:  # Prefect's "Timed out while attempting to connect ..."
+        said = str(error).splitlines()[0][:300]
+        raise TowerbenchError(
+            f"Prefect's temporary API server did not answer within {timeout_seconds} s "
+            f"({said}); a busy machine may need longer "
+            "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS), or set PREFECT_API_URL to a "
+            "running Prefect server (`prefect server start`)"
+        ) from None

@@ -4,12 +4,15 @@ Hours into a sweep is the worst time to learn that a server is down, so the swee
 report commands ask first, each server for at most `WAIT_SECONDS`. The tracking URI must answer
 a call of MLflow's REST API (one experiment searched) with JSON, or with 401/403: a server asking
 for the credentials MLflow will send. Another web server at that address is refused. For the
-Prefect API any HTTP answer below 500 counts.
+Prefect API any HTTP answer below 500 counts; without one, Prefect's temporary server will listen
+on 127.0.0.1, so this machine must be able to connect there (a network namespace with its
+loopback interface down cannot, and Prefect would time out after minutes).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import httpx
@@ -92,20 +95,40 @@ def _prefect_api_url() -> str | None:
     return get_current_settings().api.url
 
 
+def _check_loopback() -> None:
+    """Listen on 127.0.0.1 and connect there, as Prefect's temporary server and its clients
+    will; one line if this machine cannot."""
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            socket.create_connection(listener.getsockname(), timeout=TRY_SECONDS).close()
+    except OSError as error:
+        raise TowerbenchError(
+            f"127.0.0.1: cannot listen and connect there ({error}), where Prefect's temporary "
+            "server (started when no PREFECT_API_URL is set) would serve; bring the loopback "
+            "interface up (`ip link set lo up`), or set PREFECT_API_URL to a running Prefect "
+            "server"
+        ) from None
+
+
 def check_servers(tracking_uri: str | None, prefect: bool = True) -> None:
     """One-line TowerbenchError naming the first server that does not answer: the MLflow
     tracking server (when `tracking_uri` is http(s); another kind of web server there is
-    refused too), then the Prefect API (when `prefect` and one is configured). Also bounds
+    refused too), then the Prefect API (when `prefect` and one is configured), or 127.0.0.1
+    where Prefect's temporary server would serve (when `prefect` and none is). Also bounds
     MLflow's HTTP retries for the rest of the command."""
     bound_mlflow_http()
     if tracking_uri and tracking_uri.startswith(("http://", "https://")):
         _check_tracking_server(tracking_uri)
-    api_url = _prefect_api_url() if prefect else None
-    if api_url:
-        problem = _answer(f"{api_url.rstrip('/')}/health")
-        if isinstance(problem, str):
-            raise TowerbenchError(
-                f"PREFECT_API_URL {api_url}: the Prefect API does not answer ({problem}); "
-                "start it (`prefect server start`), or unset PREFECT_API_URL to use a "
-                "temporary server"
-            )
+    if not prefect:
+        return
+    api_url = _prefect_api_url()
+    if api_url is None:
+        _check_loopback()
+        return
+    problem = _answer(f"{api_url.rstrip('/')}/health")
+    if isinstance(problem, str):
+        raise TowerbenchError(
+            f"PREFECT_API_URL {api_url}: the Prefect API does not answer ({problem}); "
+            "start it (`prefect server start`), or unset PREFECT_API_URL to use a "
+            "temporary server"
+        )

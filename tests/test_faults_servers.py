@@ -41,10 +41,14 @@ def _dead_url() -> str:
         return f"http://127.0.0.1:{probe.getsockname()[1]}"
 
 
-def _sweep(tmp_path: Path, *options: str, **environment: str) -> tuple[int, list[str], float]:
-    """`towerbench sweep` of one tiny digits run, as a user starts it; (status, stderr, seconds)."""
+def _sweep(
+    tmp_path: Path, *options: str, inside: tuple[str, ...] = (), **environment: str
+) -> tuple[int, list[str], float]:
+    """`towerbench sweep` of one tiny digits run, as a user starts it (`inside` a wrapper
+    command); (status, stderr, seconds)."""
     fixtures_model.write_digits(tmp_path / "data", train=240, test=80)  # checked before servers
     argv = [
+        *inside,
         sys.executable,
         "-m",
         "towerbench.cli.main",
@@ -87,6 +91,34 @@ def test_dead_prefect_api_stops_the_sweep_in_one_line_within_15s(tmp_path):
     assert api in errors[0] and "Prefect API does not answer" in errors[0]
     assert seconds < LIMIT_SECONDS
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_no_loopback_stops_the_sweep_in_one_line_within_15s(tmp_path):
+    """In a network namespace whose loopback interface is down, Prefect's temporary server
+    cannot answer: said at once, not after Prefect's start-up timeout and its traceback."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    no_network = ("unshare", "--user", "--map-root-user", "--net")
+    status, errors, seconds = _sweep(tmp_path, "--tracking-uri", store, inside=no_network)
+    assert status == 2, errors
+    assert len(errors) == 1 and errors[0].startswith("towerbench sweep: error: 127.0.0.1: "), errors
+    assert "ip link set lo up" in errors[0] and "PREFECT_API_URL" in errors[0]
+    assert seconds < LIMIT_SECONDS
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_temporary_server_slower_than_its_startup_timeout_is_one_line(tmp_path):
+    """The user's PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS is the time given; 1 s is
+    shorter than the server's start-up here, and Prefect's timeout becomes one line."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    status, errors, seconds = _sweep(
+        tmp_path, "--tracking-uri", store, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1"
+    )
+    assert status == 2, errors
+    assert errors[-1].startswith(
+        "towerbench sweep: error: Prefect's temporary API server did not answer within 1 s"
+    ), errors
+    assert not any("Traceback" in line for line in errors), errors
+    assert seconds < 60  # our 120 s default would not have ended it by then
 
 
 # MLflow's own tracking server application (its REST API on a SQLite store) on a free port.
