@@ -268,7 +268,7 @@ def test_adascale_is_at_equal_progress_with_one_tower_and_counts_as_equal_update
     rows, _ = compare([*baseline, adascale[0], diverged], [], None)
     verdict = {row.group: row for row in rows}["towers=4 lr=adascale"].verdict
     assert verdict.startswith("diverged in 1/2 seeds") and "warmup" not in verdict
-    assert row.notes[-1].endswith("its budget is already 1 tower's updates")
+    assert row.notes[-1].endswith("its budget is already 1 tower's updates in progress tau")
     # The linear run at equal epochs needs (1 + 512/200) / (1 + 128/200) = 2.17x the epochs.
     note = by_group["towers=4 lr=linear"].notes[-1]
     assert "needs ≈ 2.17× the epochs of batch 128: train for equal updates" in note

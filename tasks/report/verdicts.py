@@ -62,7 +62,8 @@ def _noise_advice(row: GroupRow, baseline: GroupRow, rows: list[GroupRow]) -> st
     ):
         return f"{note}: equal epochs suffice"
     if _equal_updates(config, baseline.config):
-        return f"{note}: its budget is already 1 tower's updates"
+        counted = " in progress tau" if config.lr_scaling == "adascale" else ""
+        return f"{note}: its budget is already 1 tower's updates{counted}"
     needed = epochs_needed(noise_scale, baseline.config.global_batch, config.global_batch)
     if row.epochs_factor is not None and row.epochs_factor >= needed / EPOCHS_TOLERANCE:
         return f"{note}: its budget ({row.epochs_factor:.2f}× the epochs) already gives that"
