@@ -122,7 +122,7 @@ def check_servers(tracking_uri: str | None, prefect: bool = True) -> None:
     if not prefect:
         return
     api_url = _prefect_api_url()
-    if api_url is None:
+    if not api_url:  # None (or empty): a temporary server of our own
         _check_loopback()
         return
     problem = _answer(f"{api_url.rstrip('/')}/health")
