@@ -124,14 +124,15 @@ def _paths_in(message: str) -> list[Path]:
 
 
 def _fails_once_soon(tmp_path: Path, url: str) -> str:
-    """The real fetch task (its own retries and delays) on `url`: failed in one run, in under
-    15 s, naming only paths that exist and no partial file; its message."""
+    """The real fetch task (its own retries and delays) on `url`: failed in one run, within a
+    minute, naming only paths that exist and no partial file; its message."""
     fetch = {"source": "cifar10", "name": "cifar10", "url": url}
     project = write_project(tmp_path / "project", fetch)
     started = time.monotonic()
     message, runs = fetch_attempts(project, FetchConfig(**fetch), task=fetch_task)
-    assert runs == 1, message
-    assert time.monotonic() - started < 15
+    assert runs == 1, message  # not retried
+    # No hang either: 3 s of flow, but up to 34 s with Prefect's start under the full suite's load.
+    assert time.monotonic() - started < 60
     assert ".part" not in message and "../" not in message
     assert _paths_in(message) and all(path.exists() for path in _paths_in(message)), message
     assert not (project / "data" / "raw").exists()  # no empty folder left behind
