@@ -164,11 +164,28 @@ def test_compare_rows_verdicts_and_speedup() -> None:
     # The baseline's curves rose 10 pp over their last half: it is noted, as in advise.
     baseline_notes = by_group["towers=1 lr=none"].notes
     assert baseline_notes and baseline_notes[0].startswith("the reference was still improving")
+    assert "twice the epochs" not in baseline_notes[0]
     # Time to the target (reached at the last point): 25 s with 4 towers, 100 s with one.
     assert unscaled_row.speedup == pytest.approx(4.0)
     assert unscaled_row.efficiency == pytest.approx(0.5)
     assert any("far above the noise scale ≈ 200" in note for note in unscaled_row.notes)
     assert by_group["towers=2 lr=linear"].verdict == "failed: boom"
+
+
+def test_a_reference_that_passed_the_last_quarter_check_is_told_its_limit() -> None:
+    baseline = [_record(1, "none", seed, accuracy) for seed, accuracy in enumerate([0.86, 0.862])]
+    for record in baseline:  # +0.2 pp over the last quarter: a plateau
+        final = record.curve.accuracies[-1]
+        record.curve = Curve(
+            [1.0, 2.0, 3.0, 4.0],
+            [25.0, 50.0, 75.0, 100.0],
+            [final - 0.1, final - 0.01, final - 0.002, final],
+        )
+    scaled = [_record(4, "linear", seed, accuracy) for seed, accuracy in enumerate([0.859, 0.861])]
+    rows, _ = compare(baseline + scaled, [], None)
+    notes = {row.group: row.notes for row in rows}["towers=1 lr=none"]
+    assert notes[0].startswith("the reference passed the last-quarter check (+0.2 pp over the last")
+    assert "a reference at twice the epochs is the stronger check" in notes[0]
 
 
 def test_accuracy_by_epoch_averages_seeds_and_counts_the_ones_that_got_there() -> None:
