@@ -144,6 +144,9 @@ def test_advise_reports_reached_with_measured_steps_and_time_beside_the_predicti
     assert f"steps: 50 measured, {RECIPE.prediction.steps} predicted" in verification.verdict
     assert "towers are logical devices" in verification.verdict
     assert "reused" not in verification.verdict and "not recorded" not in verification.verdict
+    # Passing the last-quarter check is said with what it cannot see, as in the report.
+    assert "the reference passed the last-quarter check (+0.0 pp over" in verification.verdict
+    assert "a reference at twice the epochs is the stronger check" in verification.verdict
 
 
 def test_advise_does_not_say_reached_against_a_reference_still_improving() -> None:

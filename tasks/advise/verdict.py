@@ -33,6 +33,7 @@ from towerbench.tasks.report.statistics import (
     judgement,
     non_inferiority,
 )
+from towerbench.tasks.report.verdicts import reference_note
 from towerbench.tasks.tracking import client_for
 
 VerdictOutcome = Literal["reached", "missed", "inconclusive", "unconverged", "diverged", "none"]
@@ -219,7 +220,8 @@ def _compared(
     elif decision.outcome == "reached":
         converged = reference is None or reference.converged
         outcome = "reached" if converged else "unconverged"
-        verdict = f"{'the recipe ' if converged else ''}{text}; {cost}"
+        limit = f"; {reference_note(reference)}" if reference is not None and converged else ""
+        verdict = f"{'the recipe ' if converged else ''}{text}{limit}; {cost}"
     elif decision.outcome == "inconclusive":
         outcome = "inconclusive"
         verdict = f"{text}; else try: {next_to_try(recipe)}; {cost}"

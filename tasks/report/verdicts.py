@@ -37,8 +37,9 @@ LONGER_REFERENCE = (
 )
 
 
-def _reference_note(reference: Convergence) -> str:
-    """The 1-tower baseline's note on its convergence check, passed or not."""
+def reference_note(reference: Convergence) -> str:
+    """The 1-tower baseline's note on its convergence check, passed or not (the report's, and
+    advise's beside "reached")."""
     if reference.converged:
         passed = f"the reference passed the last-quarter check ({reference.evidence()})"
         return f"{passed}; {LONGER_REFERENCE}"
@@ -349,7 +350,7 @@ def compare(
         baseline = by_group.get(row.baseline_group or "")
         row.verdict = verdict(row, baseline, rows)
         if row.convergence is not None:
-            row.notes.append(_reference_note(row.convergence))
+            row.notes.append(reference_note(row.convergence))
         rule_note = _adaptive_rule_note(row, rows)
         if rule_note is not None:
             row.notes.append(rule_note)
