@@ -33,7 +33,6 @@ from towerbench.tasks.report.statistics import (
     judgement,
     non_inferiority,
 )
-from towerbench.tasks.report.verdicts import reference_note
 from towerbench.tasks.tracking import client_for
 
 VerdictOutcome = Literal["reached", "missed", "inconclusive", "unconverged", "diverged", "none"]
@@ -220,7 +219,7 @@ def _compared(
     elif decision.outcome == "reached":
         converged = reference is None or reference.converged
         outcome = "reached" if converged else "unconverged"
-        limit = f"; {reference_note(reference)}" if reference is not None and converged else ""
+        limit = f"; {reference.note()}" if reference is not None and converged else ""
         verdict = f"{'the recipe ' if converged else ''}{text}{limit}; {cost}"
     elif decision.outcome == "inconclusive":
         outcome = "inconclusive"

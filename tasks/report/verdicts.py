@@ -18,7 +18,6 @@ from towerbench.core.outcome import Status
 from towerbench.model.noise_advice import EPOCHS_TOLERANCE, epochs_needed
 from towerbench.tasks.report.statistics import (
     CLOSE_ENOUGH,
-    Convergence,
     GroupRow,
     RunRecord,
     group_rows,
@@ -27,23 +26,6 @@ from towerbench.tasks.report.statistics import (
 )
 
 Applies = Callable[[TrainConfig], bool]
-
-# What passing the last-quarter check does not show, as measured (docs/findings.md, the fastest
-# recipe: a 24-epoch reference that passed it, and the same at 48 epochs).
-LONGER_REFERENCE = (
-    "that check reads the end of its schedule, not of training: on 10,000 CIFAR-10 images a "
-    "step-schedule reference that passed it gained +4.5 pp at twice the epochs (docs/findings.md); "
-    "a reference at twice the epochs is the stronger check"
-)
-
-
-def reference_note(reference: Convergence) -> str:
-    """The 1-tower baseline's note on its convergence check, passed or not (the report's, and
-    advise's beside "reached")."""
-    if reference.converged:
-        passed = f"the reference passed the last-quarter check ({reference.evidence()})"
-        return f"{passed}; {LONGER_REFERENCE}"
-    return f"{reference.text()}: differences from it compare under-trained runs"
 
 
 def noise_scale_note(
@@ -350,7 +332,7 @@ def compare(
         baseline = by_group.get(row.baseline_group or "")
         row.verdict = verdict(row, baseline, rows)
         if row.convergence is not None:
-            row.notes.append(reference_note(row.convergence))
+            row.notes.append(row.convergence.note())
         rule_note = _adaptive_rule_note(row, rows)
         if rule_note is not None:
             row.notes.append(rule_note)
