@@ -26,6 +26,7 @@ DOCS = (
     "docs/cifar10/README.md",
     "docs/findings.md",
     "docs/setup.md",
+    "docs/faults.md",
 )
 
 
@@ -180,3 +181,13 @@ def test_an_existing_name_passes() -> None:
         "`flows/sweep.py:sweep`, `towerbench.tasks.training.fork_server.PRELOAD`, `tasks/report/`"
     )
     assert [problem for _, problem in references(text) if problem] == []
+
+
+README_LINES = 300  # the project's limit; details go to docs/
+
+
+def test_the_readme_stays_within_its_line_limit() -> None:
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= README_LINES, (
+        f"README.md has {lines} lines (limit {README_LINES}): move detail to docs/"
+    )
