@@ -63,9 +63,12 @@ def test_every_test_example_is_evaluated_exactly_once(data_dir, monkeypatch):
     manifest = load_manifest(dataset_dir(data_dir, "digits"))
     assert result.final.test_examples == TEST_EXAMPLES
     assert result.confusion_matrix.sum(axis=1).tolist() == manifest.splits["test"].per_class
-    entry = result.history[-1]
-    assert entry.total_loss == pytest.approx(entry.cross_entropy + entry.weight_decay_loss)
-    assert entry.weight_decay_loss > 0
+    # The recorded weight decay term against one recomputed from the trained weights: the
+    # tutorial's weight_decay * l2_loss of local3's and local4's kernels (the last step, taken at
+    # the weights before it, moves it by a fraction of a per cent).
+    kernels = [result.model.get_layer(name).kernel.numpy() for name in ("local3", "local4")]
+    recomputed = config.l2_weight_decay * sum(float(np.sum(k**2)) / 2 for k in kernels)
+    assert result.history[-1].weight_decay_loss == pytest.approx(recomputed, rel=0.01)
 
 
 class _Killed(Exception):
