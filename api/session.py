@@ -17,12 +17,6 @@ from towerbench.serve.startup import prepare_prefect
 from towerbench.tasks.training.fork_server import stop_fork_server
 
 
-def _temporary_servers() -> set[object]:
-    from prefect.server.api.server import SubprocessASGIServer
-
-    return {server for server in SubprocessASGIServer._instances.values() if server.running}
-
-
 def _logs_sent() -> None:
     """The flow runs' last log lines sent to the server before it stops."""
     from prefect.logging.handlers import APILogWorker
@@ -34,15 +28,13 @@ def _logs_sent() -> None:
 def orchestrated(params: Params) -> Iterator[None]:
     """Prefect and the fork server for the flows of one call, stopped at its end, and the
     configurations' progress bars in Jupyter."""
-    before = _temporary_servers()
+    server = None
     try:
-        prepare_prefect(params)
+        server = prepare_prefect(params)  # None: a URL is set, or an earlier call's still runs
         with progress_bars():
             yield
     finally:
-        started = _temporary_servers() - before
-        if started:
+        if server is not None:
             _logs_sent()
-        for server in started:
-            server.stop()  # type: ignore[attr-defined]
+            server.stop()
         stop_fork_server()

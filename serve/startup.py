@@ -5,22 +5,27 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from towerbench.config.grid import expand
 from towerbench.config.params import Params
 from towerbench.tasks.data.check import manifest_digest
 from towerbench.tasks.sweep_lock import only_live_sweep, sweep_key
 
+if TYPE_CHECKING:
+    from prefect.server.api.server import SubprocessASGIServer
+
 # Prefect starts a temporary API server when none is configured; its default 20 s start-up
 # budget is too short on a busy 2-core machine.
 EPHEMERAL_STARTUP_SECONDS = 120
 
 
-def prepare_prefect(params: Params) -> None:
+def prepare_prefect(params: Params) -> SubprocessASGIServer | None:
     """Servers checked (one line and exit 2 if one is down); then, when this machine trains the
     sweep, the training processes' fork server started (its imports overlap what follows); then
-    Prefect's temporary server started as ours (when no API URL is set). This process never
-    imports TensorFlow: training, preprocessing and evaluation run in processes of their own."""
+    Prefect's temporary server started as ours (when no API URL is set), returned if this call
+    started it. This process never imports TensorFlow: training, preprocessing and evaluation
+    run in processes of their own."""
     startup = os.environ.setdefault(
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(EPHEMERAL_STARTUP_SECONDS)
     )
@@ -32,7 +37,8 @@ def prepare_prefect(params: Params) -> None:
     start_fork_server_for(expand(params.train, params.sweep), params.sweep.pool)
     from towerbench.serve.temporary_server import start_owned_temporary_server
 
-    start_owned_temporary_server(int(startup))  # the user's value (Prefect checked it), else ours
+    # The user's value (Prefect checked it), else ours.
+    return start_owned_temporary_server(int(startup))
 
 
 def sweep_lock(params: Params) -> contextlib.AbstractContextManager[None]:

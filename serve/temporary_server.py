@@ -14,10 +14,14 @@ import os
 import signal
 import subprocess
 import types
+from typing import TYPE_CHECKING
 from unittest import mock
 
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.processes import stop
+
+if TYPE_CHECKING:
+    from prefect.server.api.server import SubprocessASGIServer
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 STOP_GRACE_SECONDS = 2
@@ -28,14 +32,16 @@ def _end_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def start_owned_temporary_server(timeout_seconds: int) -> None:
-    """Start the temporary server now, from this (main) thread, unless an API URL is set.
+def start_owned_temporary_server(timeout_seconds: int) -> SubprocessASGIServer | None:
+    """Start the temporary server now, from this (main) thread, unless an API URL is set; the
+    server when this call started it (its `stop()` ends it), else None.
 
     PR_SET_PDEATHSIG follows the thread that forked the child, so the server must be started
-    from the main thread; every later Prefect client reuses this one instance.
+    from the main thread; every later Prefect client reuses this one instance. One that fails to
+    start (a timeout, Ctrl-C) is stopped at once.
     """
     if os.environ.get("PREFECT_API_URL"):
-        return
+        return None
     from prefect.server.api import server as prefect_server
 
     class OwnedServer(prefect_server.SubprocessASGIServer):
@@ -54,9 +60,13 @@ def start_owned_temporary_server(timeout_seconds: int) -> None:
                 stop([self.server_process], STOP_GRACE_SECONDS)
             super().stop()
 
+    server = OwnedServer()  # Prefect's default server: an earlier call's while it runs
+    if server.running:
+        return None
     try:
-        OwnedServer().start(timeout=timeout_seconds)  # registered as Prefect's default server
+        server.start(timeout=timeout_seconds)
     except RuntimeError as error:  # Prefect's "Timed out while attempting to connect ..."
+        server.stop()
         said = str(error).splitlines()[0][:300]
         raise TowerbenchError(
             f"Prefect's temporary API server did not answer within {timeout_seconds} s "
@@ -64,3 +74,7 @@ def start_owned_temporary_server(timeout_seconds: int) -> None:
             "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS), or set PREFECT_API_URL to a "
             "running Prefect server (`prefect server start`)"
         ) from None
+    except BaseException:
+        server.stop()
+        raise
+    return server

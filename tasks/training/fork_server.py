@@ -50,12 +50,20 @@ def start_fork_server() -> None:
         _REMOVED.add(folder)
 
 
+def stop_multiprocessing_servers() -> None:
+    """Stop and reap multiprocessing's fork server and resource tracker (a no-op for one not
+    running); the next `ensure_running` starts them again. Python 3.11's multiprocessing has no
+    public stop for either: this is towerbench's one call of their private `_stop()`
+    (tests/test_private_apis.py fails when a Python release changes it)."""
+    forkserver._forkserver._stop()  # type: ignore[attr-defined]
+    resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
+
+
 def stop_fork_server() -> None:
     """Stop the server, its resource tracker and the watchdog of its socket's folder (which
     multiprocessing removes at this process's exit): a notebook's call leaves nothing running.
     The next training process starts them again."""
-    forkserver._forkserver._stop()  # type: ignore[attr-defined]  # no public stop
-    resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
+    stop_multiprocessing_servers()
     end_process_reapers(keep=_REMOVED)
     _REMOVED.clear()
 
