@@ -23,10 +23,12 @@ _TIME_AND_THREAD = re.compile(r"^[IWEF]\d{4} \S+\s+\d+ ")
 
 
 class CommandResult(NamedTuple):
-    """A command's exit status and the document `--json` prints."""
+    """A command's exit status, the document `--json` prints and, when it failed after all,
+    its last line (said as an error is)."""
 
     status: int
     document: dict[str, Any]
+    failure: str | None = None
 
 
 @contextlib.contextmanager

@@ -80,12 +80,28 @@ def _interrupt(*_: object) -> None:
 def _run(args: argparse.Namespace) -> int:
     if not getattr(args, "json", False):
         outcome = args.handler(args)
-        return outcome.status if isinstance(outcome, CommandResult) else int(outcome or 0)
-    # Progress, logs and what started processes print go to stderr; the document alone to stdout.
-    with stdout_reserved() as stdout:
-        result = args.handler(args)
-    print(as_json(result.document), file=stdout, flush=True)
+        if not isinstance(outcome, CommandResult):
+            return int(outcome or 0)
+        result = outcome
+    else:
+        # Progress, logs and what started processes print go to stderr; the document alone to
+        # stdout.
+        with stdout_reserved() as stdout:
+            result = args.handler(args)
+        print(as_json(result.document), file=stdout, flush=True)
+    if result.failure is not None:
+        _say_error(args, result.failure)
     return result.status
+
+
+def _say_error(args: argparse.Namespace, message: str) -> None:
+    """The command's one error line: last on stderr (for a resumable command, after Prefect's
+    temporary server has logged its shutdown)."""
+    line = f"towerbench {args.command}: error: {message}"
+    if _own_process and args.command in RESUMABLE_COMMANDS:
+        _FINAL_LINES.append(line)
+    else:
+        print(line, file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,11 +125,7 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except TowerbenchError as error:
-        line = f"towerbench {args.command}: error: {error}"
-        if _own_process and args.command in RESUMABLE_COMMANDS:
-            _FINAL_LINES.append(line)  # after Prefect's temporary server's shutdown lines
-        else:
-            print(line, file=sys.stderr)
+        _say_error(args, str(error))
         # 2 for bad input; an infrastructure failure (a server lost) says 1 (a run failed).
         return getattr(error, "exit_status", 2)
     except BrokenPipeError:

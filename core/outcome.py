@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from towerbench.core.errors import TowerbenchError
+
 if TYPE_CHECKING:
     import pandas  # type: ignore[import-untyped]  # no stubs installed
 
@@ -84,3 +86,36 @@ class SweepResult(BaseModel):
             lines.append(f"{config.name:<48} {config.status:<9} test accuracy {shown}{error}")
         lines += [f"{group}: {verdict}" for group, verdict in self.verdicts.items()]
         return [*lines, f"MLflow parent run: {self.parent_run_id}", f"Report: {self.report}"]
+
+    def nothing_trained(self) -> str | None:
+        """Why no configuration completed (each failed or diverged), in one line; else None."""
+        if any(config.status == Status.COMPLETED for config in self.configs):
+            return None
+        diverged = sum(config.status == Status.DIVERGED for config in self.configs)
+        failed = len(self.configs) - diverged
+        counts = " and ".join(
+            f"{count} {what}"
+            for count, what in ((diverged, "diverged"), (failed, "failed"))
+            if count
+        )
+        first = next(iter(self.verdicts.items()), None)
+        verdict = f"; {first[0]}: {first[1]}" if first else ""
+        return (
+            f"no configuration completed ({counts} of {len(self.configs)} runs){verdict}; "
+            f"report: {self.report}"
+        )
+
+
+class NothingTrained(TowerbenchError):
+    """Every configuration of a sweep (or every recipe run of advise) failed or diverged: the
+    flow ends Failed and the command with status 1. `result` is what it recorded (None when
+    nothing reached a report)."""
+
+    exit_status = 1
+
+    def __init__(self, message: str, result: BaseModel | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+    def __reduce__(self) -> tuple[type[NothingTrained], tuple[str, BaseModel | None]]:
+        return type(self), (str(self), self.result)  # Prefect may pickle a flow's exception

@@ -27,6 +27,7 @@ from towerbench.config.optimizers import OptimizerName
 from towerbench.config.params import Params, SweepGrid
 from towerbench.config.run_form import model_override, optimizer_override
 from towerbench.config.sections import TrainConfig
+from towerbench.core.outcome import NothingTrained
 from towerbench.flows.run_names import advise_run_name
 from towerbench.flows.sweep import plan_sweep, run_sweep
 from towerbench.tasks.advise.advice import (
@@ -115,13 +116,14 @@ def advise_params(params: Params, advice: AdviseConfig, fresh: bool = False) -> 
         log_advice(params, run_id, measured, recipe, path, lines, advice.verify)
         if advice.verify:
             verification = verify_recipe(params, train, grid, recipe, fresh)
-        status = RunStatus.FINISHED
+        if verification is None or verification.outcome != "diverged":
+            status = RunStatus.FINISHED
     except (KeyboardInterrupt, SystemExit):
         status = RunStatus.KILLED
         raise
     finally:
         finish_advice_run(params, run_id, verification, RunStatus.to_string(status))
-    return Advice(
+    advised = Advice(
         advise_run_id=run_id,
         params_file=str(path),
         probe=probe_document(result),
@@ -130,6 +132,9 @@ def advise_params(params: Params, advice: AdviseConfig, fresh: bool = False) -> 
         lines=lines,
         verification=verification,
     )
+    if verification is not None and verification.outcome == "diverged":
+        raise NothingTrained(verification.verdict, advised)  # it gives the probe's advice
+    return advised
 
 
 @flow(name="advise", flow_run_name=advise_run_name)

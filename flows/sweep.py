@@ -42,8 +42,7 @@ from towerbench.config.model_ref import parse_model
 from towerbench.config.params import Params, ReportConfig, SweepGrid, TrackingConfig
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.config.tracking_uri import PROJECT_DIR, resolve_tracking
-from towerbench.core.errors import TowerbenchError
-from towerbench.core.outcome import ConfigSummary, Outcome, Status, SweepResult
+from towerbench.core.outcome import ConfigSummary, NothingTrained, Outcome, Status, SweepResult
 from towerbench.flows.run_names import sweep_run_name
 from towerbench.tasks.data.check import manifest_digest
 from towerbench.tasks.report import make_report, read_verdicts
@@ -333,20 +332,33 @@ def train_each(plan: SweepPlan, run: SweepRun, pool: str | None) -> list[ConfigS
     return [summaries[index] for index in sorted(summaries)]
 
 
+def note_unfinished(summaries: list[ConfigSummary]) -> None:
+    """A "k of n configurations failed / diverged" artifact, each run named with why."""
+    lines = []
+    for status, why in ((Status.FAILED, "see its log"), (Status.DIVERGED, "see its loss curve")):
+        runs = [summary for summary in summaries if summary.status == status]
+        if runs:
+            lines += [f"**{len(runs)} of {len(summaries)} configurations {status}.**", ""]
+            lines += [f"- `{summary.name}`: {summary.error or why}" for summary in runs]
+            lines.append("")
+    if lines:
+        create_markdown_artifact(
+            "\n".join(lines),
+            key="sweep-failures",
+            description="Configurations that failed or diverged",
+        )
+
+
 def finish_sweep(summaries: list[ConfigSummary], run: SweepRun, report: ReportConfig) -> str:
-    """Fail when every configuration failed; else note the failures and write the report."""
+    """Fail when every configuration failed (nothing to report); else note the failed and
+    diverged ones and write the report."""
     failed = [summary for summary in summaries if summary.status == Status.FAILED]
     if len(failed) == len(summaries):
-        raise TowerbenchError(
+        raise NothingTrained(
             f"all {len(summaries)} configurations failed; the first: "
             f"{failed[0].error or 'see its log'}"
         )
-    if failed:
-        lines = [f"**{len(failed)} of {len(summaries)} configurations failed.**", ""]
-        lines += [f"- `{summary.name}`: {summary.error or 'see its log'}" for summary in failed]
-        create_markdown_artifact(
-            "\n".join(lines), key="sweep-failures", description="Configurations that failed"
-        )
+    note_unfinished(summaries)
     return make_report(run.tracking, run.parent_run_id, report)
 
 
@@ -359,8 +371,8 @@ def run_sweep(
     kind: FlowKind,
     fresh: bool,
 ) -> SweepResult:
-    """Open the sweep, train each configuration, finish; the parent run ends FINISHED, FAILED or
-    KILLED however this ends."""
+    """Open the sweep, train each configuration, finish; the parent run ends FINISHED (some
+    configuration completed), FAILED or KILLED however this ends."""
     with tracking_server_watched(tracking):
         run = open_sweep(tracking, plan, train, sweep, kind, fresh)
     mlflow_url = run_url(tracking, run.experiment_id, run.parent_run_id)
@@ -376,7 +388,8 @@ def run_sweep(
         with tracking_server_watched(tracking):
             summaries = train_each(plan, run, sweep.pool)
             report_path = finish_sweep(summaries, run, report)
-        status = RunStatus.FINISHED
+        if any(summary.status == Status.COMPLETED for summary in summaries):
+            status = RunStatus.FINISHED
     except (KeyboardInterrupt, SystemExit, TerminationSignal):  # Prefect's own SIGTERM signal
         status = RunStatus.KILLED
         raise
@@ -410,8 +423,8 @@ def sweep(
     then compare them.
 
     A configuration that fails or diverges is recorded as such and the sweep goes on; the sweep
-    fails when every configuration failed, and otherwise completes with a "k of n failed"
-    artifact.
+    fails (its report written when a run diverged) when no configuration completed, and
+    otherwise completes with a "k of n failed / diverged" artifact.
     """
     one_line_user_errors()
     tracking = resolve_tracking(tracking)
@@ -419,7 +432,11 @@ def sweep(
     start_fork_server_for(configs, sweep.pool)  # imports beside the set-up (unless started)
     plan = plan_sweep(configs, train, sweep, Path(data.data_dir).resolve(), data_version, kind)
     with only_live_sweep(plan.data_dir, plan.key):
-        return run_sweep(plan, tracking, train, sweep, report, kind, fresh)
+        result = run_sweep(plan, tracking, train, sweep, report, kind, fresh)
+    failure = result.nothing_trained()
+    if failure is not None:
+        raise NothingTrained(failure, result)
+    return result
 
 
 def sweep_params(params: Params, **options: Any) -> SweepResult:

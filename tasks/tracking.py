@@ -49,6 +49,7 @@ DATA_VERSION_TAG = "towerbench.data_version"
 # source, the sweep's, for every run that logs the same name and version).
 DATA_DIR_TAG = "towerbench.data_dir"
 UNSTABLE_TAG = "towerbench.unstable"  # why a completed run counts as unstable (learning collapsed)
+DIVERGED_TAG = "towerbench.diverged"  # why a run stopped as diverged (its MLflow status FAILED)
 # JSON list of the training fields a sweep varies: its axes given several values, then its grid's
 # fields (before 2026-12 the grid's alone; readers take the grid's with `swept_besides_axes`).
 SWEPT_TAG = "towerbench.swept"

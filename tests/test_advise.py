@@ -308,3 +308,11 @@ def test_advise_when_every_run_diverges_states_no_difference_and_exits_1(
     assert verdict.startswith("every recipe run diverged (1/1 at 2 towers")
     assert "the probe's advice: lower train.base_lr from 50 to 5" in verdict
     assert "Δ" not in verdict and "reused" not in verdict and "more epochs" not in verdict
+    # Said once, as the command's last line; the advise run and the sweep's runs FAILED.
+    from mlflow.tracking import MlflowClient
+
+    said = [line for line in stderr.splitlines() if line.strip()]
+    assert said[-1] == f"towerbench advise: error: {verdict}", said[-3:]
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    assert client.get_run(document["advise_run_id"]).info.status == "FAILED"
+    assert client.get_run(verification["parent_run_id"]).info.status == "FAILED"

@@ -378,3 +378,86 @@ def test_nightly_report_compares_with_the_previous_nightly(finished_sweep) -> No
     assert f"run `{earlier.info.run_id}` (same data version)" in section
     assert "| towers=2 agg=mean lr=linear warmup=0 dataset=tiny |" in section
     assert "-10.00 pp" in section
+
+
+def test_a_sweep_whose_every_run_diverged_fails(prefect_api_url, tmp_path) -> None:
+    """Base LR 100000 diverges at 1 and at 2 towers: the runs' lines and verdicts, then one
+    error line and status 1; the flow run Failed with that line; every run FAILED in MLflow
+    with why it diverged; the 1-tower advice names what changes at its batch."""
+    write_tiny_digits(tmp_path / "data")
+    (tmp_path / "params.yaml").write_text(PARAMS)
+    training = {**TINY_TRAINING, "epochs": 1, "base_lr": 100000}
+    options = [
+        f"--{key.replace('_', '-')}={'none' if value is None else value}"
+        for key, value in training.items()
+    ]
+    options += ["--towers=1,2", "--seeds=0", "--lr-scaling=linear", "--per-tower-batch=32"]
+    completed = subprocess.run(
+        [sys.executable, "-c", COMMAND_SAYING_ITS_IMPORTS, "sweep"]
+        + ["--params", str(tmp_path / "params.yaml"), *options, "--json"],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), PREFECT_API_URL=prefect_api_url),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 1, completed.stderr[-3000:]
+    outcome = json.loads(completed.stdout)  # what it recorded, as a completed sweep's
+    assert [config["status"] for config in outcome["configs"]] == ["diverged", "diverged"]
+    said = [line for line in completed.stderr.splitlines() if line.startswith("towerbench ")]
+    assert said[-1].startswith(
+        "towerbench sweep: error: no configuration completed (2 diverged of 2 runs); towers=1 "
+    ), said
+    assert said[-1].endswith(f"report: {outcome['report']}")
+    [one_tower] = [text for group, text in outcome["verdicts"].items() if "towers=1" in group]
+    assert "lower the base LR (100000) (untested here); add warmup epochs" in one_tower
+    assert "scaling" not in one_tower and "sqrt" not in one_tower
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert client.get_run(outcome["parent_run_id"]).info.status == "FAILED"
+    for config in outcome["configs"]:
+        run = client.get_run(config["run_id"])
+        assert run.info.status == "FAILED" and run.data.tags["towerbench.status"] == "diverged"
+        assert run.data.tags["towerbench.diverged"].startswith("training cross-entropy reached")
+
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as prefect:
+        failed = [run for run in prefect.read_flow_runs() if run.state and run.state.is_failed()]
+    assert [run.flow_id for run in failed] and all(
+        "no configuration completed (2 diverged of 2 runs)" in (run.state.message or "")
+        for run in failed
+    ), [(run.name, run.state.message) for run in failed]
+
+
+def test_diverged_and_failed_configurations_are_counted_in_an_artifact(prefect_api_url) -> None:
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from towerbench.core.outcome import ConfigSummary, Status
+    from towerbench.flows.sweep import note_unfinished
+
+    def summary(name: str, status: Status) -> ConfigSummary:
+        return ConfigSummary(status=status, run_id=name, name=name, towers=1, workers=1, seed=0)
+
+    @flow
+    def noting() -> None:
+        note_unfinished(
+            [
+                summary("a", Status.COMPLETED),
+                summary("b", Status.DIVERGED),
+                summary("c", Status.FAILED),
+            ]
+        )
+
+    noting()
+    with get_client(sync_client=True) as prefect:
+        artifacts = prefect.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["sweep-failures"]))
+        )
+    assert any(
+        "**1 of 3 configurations failed.**\n\n- `c`: see its log" in artifact.data
+        and "**1 of 3 configurations diverged.**\n\n- `b`: see its loss curve" in artifact.data
+        for artifact in artifacts
+    ), [artifact.data for artifact in artifacts]

@@ -422,3 +422,15 @@ def test_an_adaptive_optimizer_scaled_linearly_is_told_its_rule_and_what_it_meas
     momentum = [adam(record, "momentum") for record in records]
     notes = [note for row in compare(momentum, [], None)[0] for note in row.notes]
     assert notes and not any("adaptive" in note for note in notes)
+
+
+@pytest.mark.parametrize("lr_scaling", ["none", "linear", "adascale"])
+def test_a_diverged_run_at_the_reference_batch_is_told_what_changes_there(lr_scaling) -> None:
+    """At 1 tower's batch no scaling rule changes the LR: the advice is the base LR and, unless
+    AdaScale (no warmup in its schedule), the warmup."""
+    rows, _ = compare([_record(1, lr_scaling, 0, 0.1, status="diverged")], [], None)
+    verdict = rows[0].verdict
+    assert verdict.startswith("diverged in 1/1 seeds"), verdict
+    assert f"lower the base LR ({TrainConfig().base_lr:g}) (untested here)" in verdict, verdict
+    assert "scaling" not in verdict and "sqrt" not in verdict, verdict
+    assert ("add warmup epochs (untested here)" in verdict) == (lr_scaling != "adascale"), verdict

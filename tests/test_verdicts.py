@@ -3,10 +3,12 @@ check, and verdicts that never compare diverged runs: all on synthetic numbers."
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from towerbench.config.sections import TrainConfig
-from towerbench.core.outcome import ConfigSummary, Status, SweepResult
+from towerbench.core.outcome import ConfigSummary, NothingTrained, Status, SweepResult
 from towerbench.tasks.advise.recipe import Measurements, choose_recipe
 from towerbench.tasks.advise.verdict import verify_outcome
 from towerbench.tasks.report.statistics import (
@@ -197,3 +199,36 @@ def test_the_report_uses_the_same_rule_and_compares_no_diverged_baseline() -> No
     verdict = {row.group: row for row in rows}["towers=2"].verdict
     assert verdict.startswith("no difference stated: the 1-tower baseline diverged in 2/2")
     assert "pp" not in verdict
+
+
+def _ended(index: int, status: Status) -> ConfigSummary:
+    accuracy = 0.9 if status == Status.COMPLETED else None
+    return ConfigSummary(
+        status=status,
+        test_accuracy=accuracy,
+        run_id=f"r{index}",
+        name=f"c{index}",
+        towers=1,
+        workers=1,
+        seed=index,
+    )
+
+
+def test_a_sweep_without_a_completed_configuration_says_what_became_of_each() -> None:
+    verdicts = {"towers=1": "diverged in 1/1 seeds at LR 1e+05: lower the base LR"}
+    result = SweepResult(
+        parent_run_id="p",
+        mlflow_url="u",
+        configs=[_ended(0, Status.DIVERGED), _ended(1, Status.FAILED)],
+        verdicts=verdicts,
+        report="r.md",
+    )
+    assert result.nothing_trained() == (
+        "no configuration completed (1 diverged and 1 failed of 2 runs); towers=1: diverged in "
+        "1/1 seeds at LR 1e+05: lower the base LR; report: r.md"
+    )
+    one_completed = result.model_copy(update={"configs": [_ended(2, Status.COMPLETED)]})
+    assert one_completed.nothing_trained() is None
+    # Prefect may pickle the flow's exception: the result travels with it.
+    error = pickle.loads(pickle.dumps(NothingTrained("why", result)))
+    assert str(error) == "why" and error.result == result and error.exit_status == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -20,8 +21,12 @@ from towerbench.config.load import load
 from towerbench.config.params import ReportConfig, TrackingConfig
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.core.errors import TowerbenchError, describe_validation_error
+from towerbench.core.outcome import NothingTrained
 from towerbench.core.tfrecord_format import MANIFEST_NAME, dataset_dir
 from towerbench.serve.startup import prepare_prefect
+
+if TYPE_CHECKING:
+    from towerbench.tasks.advise.advice import Advice
 
 CHOSEN = frozenset({"model", "dataset", "optimizer"})  # what advise takes from train: here
 
@@ -53,20 +58,30 @@ def run_advise_command(args: argparse.Namespace) -> CommandResult:
         )
     prepare_prefect(params)
     from towerbench.flows.advise import advise
+    from towerbench.tasks.advise.advice import Advice
 
     advanced = {".".join(override.key): override.value for override in overrides}
     params_file = str(args.params) if args.params is not None else None
-    result = advise(advice=advice, params_file=params_file, advanced=advanced, fresh=args.fresh)
+    try:
+        result = advise(advice=advice, params_file=params_file, advanced=advanced, fresh=args.fresh)
+    except NothingTrained as error:  # every recipe run diverged: its verdict is the error line
+        if not isinstance(error.result, Advice):
+            raise
+        return _advised(error.result, failure=str(error))
+    return _advised(result)
+
+
+def _advised(result: Advice, failure: str | None = None) -> CommandResult:
+    """The probe's lines, the recipe and the verdict (unless it is the `failure` line)."""
     for line in result.lines:
         print(line)
     print(f"Recipe: {result.params_file}")
     verification = result.verification
     if verification is not None:
         print(f"Report: {verification.report}")
-        print(verification.verdict)
-    # Every recipe run diverged: exit 1, as a run that diverged does.
-    status = 1 if verification is not None and verification.outcome == "diverged" else 0
-    return CommandResult(status, result.model_dump(mode="json"))
+        if failure is None:
+            print(verification.verdict)
+    return CommandResult(0 if failure is None else 1, result.model_dump(mode="json"), failure)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import typing
+from collections.abc import Callable
 from pathlib import Path
 
 from towerbench.cli.console import CommandResult
@@ -28,7 +29,7 @@ from towerbench.config.params import (
 )
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.config.tracking_uri import check_store_exists
-from towerbench.core.outcome import Status, SweepResult
+from towerbench.core.outcome import NothingTrained, SweepResult
 from towerbench.core.reaper import temporary_files_of_this_process
 from towerbench.model.training_data import check_training_data
 from towerbench.serve.startup import prepare_prefect, sweep_lock
@@ -80,7 +81,9 @@ JSON_FIELDS = {
 }
 
 
-def _result(outcome: SweepResult) -> CommandResult:
+def _result(outcome: SweepResult, failure: str | None = None) -> CommandResult:
+    """The sweep's lines on stdout and its `--json` document; status 1 with `failure` (no
+    configuration completed)."""
     for line in outcome.summary_lines():
         print(line)
     document = outcome.model_dump(
@@ -92,8 +95,18 @@ def _result(outcome: SweepResult) -> CommandResult:
             "configs": {"__all__": JSON_FIELDS},
         },
     )
-    status = 0 if any(config.status != Status.FAILED for config in outcome.configs) else 1
-    return CommandResult(status, document)
+    return CommandResult(0 if failure is None else 1, document, failure)
+
+
+def _swept(run: Callable[[], SweepResult]) -> CommandResult:
+    """`run`'s result; a sweep whose every configuration failed or diverged still prints what it
+    recorded, then its one error line (status 1)."""
+    try:
+        return _result(run())
+    except NothingTrained as error:
+        if not isinstance(error.result, SweepResult):
+            raise
+        return _result(error.result, str(error))
 
 
 def run_sweep_command(args: argparse.Namespace) -> CommandResult:
@@ -105,7 +118,7 @@ def run_sweep_command(args: argparse.Namespace) -> CommandResult:
         prepare_prefect(params)
         from towerbench.flows.sweep import sweep_params
 
-        return _result(sweep_params(params, fresh=args.fresh))
+        return _swept(lambda: sweep_params(params, fresh=args.fresh))
 
 
 def run_pipeline_command(args: argparse.Namespace) -> CommandResult:
@@ -119,7 +132,7 @@ def run_pipeline_command(args: argparse.Namespace) -> CommandResult:
 
     form = form_parameters(params, args.params)
     form["advanced"] = {".".join(override.key): override.value for override in overrides}
-    return _result(pipeline(**form, fresh=args.fresh))
+    return _swept(lambda: pipeline(**form, fresh=args.fresh))
 
 
 def _params_with_options(args: argparse.Namespace) -> Params:

@@ -164,6 +164,24 @@ def _unstable(row: GroupRow, rows: list[GroupRow], unstable: list[RunRecord]) ->
     )
 
 
+def _unscaled_remedy(row: GroupRow, rows: list[GroupRow]) -> str:
+    """What can change for a configuration trained at the reference batch, whose LR no scaling
+    rule touches: the base LR and (unless AdaScale, which has none) the warmup."""
+    config = row.config
+    lower_lr = _advice(
+        f"lower the base LR ({config.base_lr:g})", row, rows, lambda c: c.base_lr < config.base_lr
+    )
+    if config.lr_scaling == "adascale":
+        return lower_lr
+    warmup = _advice(
+        "warm up for longer" if config.warmup_epochs else "add warmup epochs",
+        row,
+        rows,
+        lambda c: c.warmup_epochs > config.warmup_epochs,
+    )
+    return f"{lower_lr}; {warmup}"
+
+
 def _failure(row: GroupRow, rows: list[GroupRow]) -> str | None:
     """The verdict of a configuration that failed, diverged or was unstable, else None."""
     config = row.config
@@ -174,7 +192,9 @@ def _failure(row: GroupRow, rows: list[GroupRow]) -> str | None:
     if diverged:
         lr = diverged[0].effective_lr
         lr_text = f" at LR {lr:g}" if lr is not None else ""
-        if config.lr_scaling == "adascale":  # whose schedule has no warmup
+        if config.global_batch == config.reference_batch:  # no scaling rule changes its LR
+            advice = _unscaled_remedy(row, rows)
+        elif config.lr_scaling == "adascale":  # whose schedule has no warmup
             advice = _advice(
                 "lower the peak LR (sqrt scaling)", row, rows, lambda c: c.lr_scaling == "sqrt"
             )

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from towerbench.config.params import TrackingConfig
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
-from towerbench.core.outcome import Outcome
+from towerbench.core.outcome import Outcome, Status
 from towerbench.core.processes import forked_from_server, watch_parent
 from towerbench.model import cluster
 from towerbench.model.records import EpochRecord, finite_numbers
@@ -90,7 +90,7 @@ def run(request: WorkerRequest) -> Outcome:
 
     from towerbench.core.tfrecord_format import dataset_dir
     from towerbench.model.training import train
-    from towerbench.tasks.tracking import DATA_DIR_TAG, STATUS_TAG, UNSTABLE_TAG
+    from towerbench.tasks.tracking import DATA_DIR_TAG, DIVERGED_TAG, STATUS_TAG, UNSTABLE_TAG
     from towerbench.tasks.training import evaluate
 
     config = request.config
@@ -127,6 +127,8 @@ def run(request: WorkerRequest) -> Outcome:
     mlflow.log_text("\n".join(lines), "model_summary.txt")  # layers and parameter counts
     if final.unstable is not None:
         mlflow.set_tag(UNSTABLE_TAG, final.unstable)
+    if result.status == Status.DIVERGED:
+        mlflow.set_tag(DIVERGED_TAG, final.unstable or "its losses stopped being finite")
     mlflow.set_tag(STATUS_TAG, result.status)
     return Outcome(
         status=result.status,
@@ -192,6 +194,7 @@ def _train_and_log(request: WorkerRequest, sweep_process: int) -> int:
     _end_with_the_sweep(request, sweep_process)
     bound_mlflow_http()  # also when started by a served deployment, not the CLI
     import mlflow
+    from mlflow.entities import RunStatus
 
     mlflow.set_tracking_uri(request.tracking_uri)
     mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_SECONDS)
@@ -200,6 +203,8 @@ def _train_and_log(request: WorkerRequest, sweep_process: int) -> int:
     def logged_run() -> None:
         with mlflow.start_run(run_id=request.run_id, log_system_metrics=True):
             outcomes.append(run(request))
+            if outcomes[0].status == Status.DIVERGED:  # trained to its end, yet no model
+                mlflow.end_run(RunStatus.to_string(RunStatus.FAILED))
 
     status = _exit_status(logged_run)
     if status == 0:
