@@ -41,6 +41,7 @@ def digits_dir(tmp_path_factory) -> Path:
     return fixtures_model.write_digits(tmp_path_factory.mktemp("data"), train=400, test=100)
 
 
+@pytest.mark.slow
 def test_the_probe_stops_a_diverging_lr_and_tries_no_larger_one(digits_dir: Path) -> None:
     config = TrainConfig(dataset="digits", global_batch=32, reference_batch=32, base_lr=0.02)
     result = probe(config, digits_dir, towers=2, learning_rates=[0.02, 40.0, 80.0], steps=60)

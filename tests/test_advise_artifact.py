@@ -101,6 +101,7 @@ def _advice_artifacts() -> list[str]:
     return [artifact.data for artifact in sorted(artifacts, key=lambda a: a.created)]
 
 
+@pytest.mark.slow
 def test_an_advise_flow_run_publishes_the_advice_and_records_the_sweeps_data_version(
     tmp_path: Path,
 ) -> None:

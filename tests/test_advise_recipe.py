@@ -169,6 +169,7 @@ def test_bad_measurements_are_refused_by_name():
         Measurements(**dict(LRN, per_tower_batch=0, has_batchnorm=True))
 
 
+@pytest.mark.slow
 def test_choosing_a_recipe_loads_no_tensorflow():
     script = "import sys, towerbench.tasks.advise.recipe\nprint('tensorflow' in sys.modules)\n"
     result = subprocess.run(

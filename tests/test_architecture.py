@@ -190,6 +190,7 @@ def test_the_installed_package_is_towerbench_alone(tmp_path) -> None:
     assert expected <= set(names), sorted(expected - set(names))
 
 
+@pytest.mark.slow
 def test_every_pure_module_imports_without_orchestration_libraries() -> None:
     modules = [
         "towerbench." + module_name(path)
@@ -200,6 +201,7 @@ def test_every_pure_module_imports_without_orchestration_libraries() -> None:
     assert loaded_alongside(modules, ORCHESTRATION) == []
 
 
+@pytest.mark.slow
 def test_orchestrating_processes_import_neither_tensorflow_nor_scikit_learn() -> None:
     """The commands and a pool's flow runs leave both to the processes that use them (about 7 s
     and 2 s of CPU per process on 2 slow cores)."""

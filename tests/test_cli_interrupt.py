@@ -15,6 +15,7 @@ TOWERBENCH = Path(sys.executable).with_name("towerbench")  # the console script 
 
 
 @pytest.mark.parametrize("delay", [0.2, 0.5, 1.0])
+@pytest.mark.slow
 def test_ctrl_c_while_starting_is_one_line(delay, tmp_path) -> None:
     command = [str(TOWERBENCH), "fetch", "digits", "--data-dir", str(tmp_path / "data")]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -47,6 +47,7 @@ def probe(tmp_path: Path, *argv: str) -> tuple[dict, subprocess.CompletedProcess
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["sweep", "--help"]])
+@pytest.mark.slow
 def test_help_imports_none_of_the_heavy_packages(tmp_path: Path, argv: list[str]) -> None:
     outcome, completed = probe(tmp_path, *argv)
     assert outcome == {"status": 0, "heavy": []}
@@ -72,6 +73,7 @@ def test_help_imports_none_of_the_heavy_packages(tmp_path: Path, argv: list[str]
         ),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_is_one_line_before_the_heavy_imports(
     tmp_path: Path, argv: list[str], message: str
 ) -> None:

@@ -132,6 +132,7 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD))
+@pytest.mark.slow
 def test_bad_arrays_are_one_line_from_python_and_exit_2_from_the_cli(tmp_path, case):
     change, message = BAD[case]
     train, test = change(*tabular())
@@ -154,6 +155,7 @@ def test_bad_arrays_are_one_line_from_python_and_exit_2_from_the_cli(tmp_path, c
     assert not (tmp_path / "data" / "raw" / "bad").exists()  # nothing published
 
 
+@pytest.mark.slow
 def test_an_npz_missing_a_key_or_not_an_npz_is_one_line(tmp_path):
     train, test = tabular()
     missing = write_npz(tmp_path / "four.npz", train, test, y_test=None)

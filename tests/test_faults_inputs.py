@@ -192,6 +192,7 @@ def digits_dir(tmp_path_factory) -> Path:
         (["sweep", "--crop-size", "12"], "--crop-size 12 is larger than the 8x8 images"),
     ],
 )
+@pytest.mark.slow
 def test_data_that_cannot_serve_the_run_is_one_line_before_tensorflow(
     tmp_path, digits_dir, argv, message
 ):
@@ -200,6 +201,7 @@ def test_data_that_cannot_serve_the_run_is_one_line_before_tensorflow(
     assert completed.stderr.count("\n") == 1 and message in completed.stderr
 
 
+@pytest.mark.slow
 def test_a_damaged_shard_is_named_before_tensorflow_loads(tmp_path):
     data = fixtures_model.write_digits(tmp_path / "data", train=240, test=80)
     folder = dataset_dir(data, "digits")
@@ -247,6 +249,7 @@ def test_a_web_server_that_is_not_mlflow_is_refused_in_one_line():
     assert "HTTP 200, text/html" in message and "\n" not in message
 
 
+@pytest.mark.slow
 def test_report_on_a_store_that_does_not_exist_creates_none(tmp_path):
     store = tmp_path / "nowhere" / "mlflow.db"
     outcome, completed = probe(

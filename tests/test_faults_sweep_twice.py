@@ -29,6 +29,7 @@ with only_live_sweep(Path(sys.argv[1]), sys.argv[2]):
 """
 
 
+@pytest.mark.slow
 def test_a_live_holder_is_named_and_a_killed_one_leaves_nothing_held(tmp_path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_THE_LOCK, str(tmp_path), "k" * 64],

@@ -49,6 +49,7 @@ def _gone(pids: list[int]) -> bool:
 
 
 @pytest.mark.parametrize("death", [signal.SIGKILL, signal.SIGHUP])
+@pytest.mark.slow
 def test_what_the_owner_started_ends_within_5_s_of_its_death(death) -> None:
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
     server, worker, scratch, kept = owner.stdout.readline().split()
@@ -87,6 +88,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_a_killed_long_running_commands_temporary_folders_go_with_it() -> None:
     owner = subprocess.Popen(
         [sys.executable, "-c", LONG_RUNNING], stdout=subprocess.PIPE, text=True

@@ -53,6 +53,7 @@ def test_float32_and_bfloat16_need_no_scale() -> None:
     assert float(LossScale("mixed_bfloat16").scale.numpy()) == 1.0
 
 
+@pytest.mark.slow
 def test_float16_towers_agree_with_one_float16_device_within_the_stated_tolerance() -> None:
     """Loss-scaled float16: 2 towers against 1 device, same weights and batch (gradcheck's
     comparison, in-process)."""

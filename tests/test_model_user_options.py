@@ -82,6 +82,7 @@ def _largest_weight_difference(result: training.TrainResult, reference: training
     )
 
 
+@pytest.mark.slow
 def test_a_user_model_trains_in_bfloat16_on_two_towers(tmp_path, data_dir, float32_run):
     result = _train(tmp_path, data_dir, precision="mixed_bfloat16")
     hidden = result.model.get_layer("hidden")
@@ -96,6 +97,7 @@ def test_a_user_model_trains_in_bfloat16_on_two_towers(tmp_path, data_dir, float
     assert _largest_weight_difference(result, float32_run) < 0.02
 
 
+@pytest.mark.slow
 def test_a_user_model_trains_with_xla_as_without(tmp_path, data_dir, float32_run):
     result = _train(tmp_path, data_dir, xla=True)
     # XLA draws its own dropout masks, so the runs differ a little, never by a wrong step.
