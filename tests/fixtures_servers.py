@@ -37,7 +37,7 @@ def wait_until(condition, timeout: float, what: str, processes=()) -> None:
                 return
         except (httpx.HTTPError, Exception):  # noqa: BLE001 - the server is still starting
             pass
-        time.sleep(1)
+        time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
 
 

@@ -246,7 +246,7 @@ def test_a_dataset_other_than_params_yaml_is_built_by_dvc_and_trained(served_pro
         (project / "nets").mkdir(exist_ok=True)  # the user's model, in the form's text field
         (project / "nets" / "net.py").write_text(SMALL_MODEL)
         form["model"] = "nets/net.py:build"
-        flow_run = run_deployment(PIPELINE, parameters=form, timeout=420, poll_interval=2)
+        flow_run = run_deployment(PIPELINE, parameters=form, timeout=420, poll_interval=0.5)
     serve_log = (logs / "serve.log").read_text()[-3000:]
     assert flow_run.state is not None and flow_run.state.is_completed(), serve_log
     assert (project / "params.yaml").read_bytes() == params_before
@@ -301,7 +301,7 @@ def test_other_settings_under_params_yamls_dataset_name_fail_at_once(served_proj
         # Typed in the form: params.yaml's name (an empty name would follow the source).
         form["dataset"].update(source="cifar10", name="digits")
         started = time.monotonic()
-        flow_run = run_deployment(PIPELINE, parameters=form, timeout=180)
+        flow_run = run_deployment(PIPELINE, parameters=form, timeout=180, poll_interval=0.5)
         waited = time.monotonic() - started
         (fetch,) = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
@@ -338,7 +338,7 @@ def test_an_unfetched_dataset_fails_in_one_line_before_anything_trains(served_pr
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
         form = client.read_deployment_by_name(PIPELINE).parameters
         form["advanced"] = {"train.dataset": "cifar10"}
-        flow_run = run_deployment(PIPELINE, parameters=form, timeout=180)
+        flow_run = run_deployment(PIPELINE, parameters=form, timeout=180, poll_interval=0.5)
     assert flow_run.state is not None and flow_run.state.is_failed(), flow_run.state
     message = flow_run.state.message or ""
     assert "train.dataset: 'cifar10' is not the dataset that fetch builds ('digits')" in message

@@ -74,6 +74,7 @@ def test_a_sweep_fans_out_over_two_workers_and_survives_losing_one(tmp_path: Pat
         (checkout / "nets").mkdir()
         (checkout / "nets" / "tiny.py").write_text(USER_MODEL)
     environment = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    environment["PREFECT_WORKER_QUERY_SECONDS"] = "0.5"  # the workers take each run sooner
     environment.pop("MLFLOW_TRACKING_URI")
     # Prefect starts while PostgreSQL and MLflow do; the workers once it answers, the sweep once
     # MLflow does.
