@@ -113,9 +113,10 @@ def check_arrays(arrays: dict[str, Any], where: str) -> tuple[dict[str, Split], 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
     """The four arrays of the .npz at `path`, or one line naming the file and the fault."""
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            if not isinstance(archive, np.lib.npyio.NpzFile):
-                raise TowerbenchError(f"{path}: a single array, not an .npz of {', '.join(KEYS)}")
+        loaded = np.load(path, allow_pickle=False)  # a .npy gives one array, no archive to close
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise TowerbenchError(f"{path}: a single array, not an .npz of {', '.join(KEYS)}")
+        with loaded as archive:
             missing = [key for key in KEYS if key not in archive.files]
             if missing:
                 raise TowerbenchError(

@@ -161,9 +161,12 @@ def test_an_npz_missing_a_key_or_not_an_npz_is_one_line(tmp_path):
     missing = write_npz(tmp_path / "four.npz", train, test, y_test=None)
     not_npz = tmp_path / "x.npz"
     not_npz.write_bytes(b"not a zip")
+    plain = tmp_path / "plain.npy"  # one array: np.load gives no archive
+    np.save(plain, train[0])
     for path, message in (
         (missing, f"{missing}: no 'y_test' array (an .npz needs x_train, y_train, x_test, y_test"),
         (not_npz, f"{not_npz}: not a readable .npz ("),
+        (plain, f"{plain}: a single array, not an .npz of x_train, y_train, x_test, y_test"),
     ):
         result = subprocess.run(
             [str(TOWERBENCH), "fetch", "arrays", "--url", str(path), "--data-dir", "data"],
