@@ -20,13 +20,16 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from towerbench.config.model_ref import provenance
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 
 _HELD: set[Path] = set()  # the locks this process holds: taking one again is a no-op
+# How long a refused start waits for a holder that took the lock an instant before it to write
+# who it is (it writes right after taking it).
+HOLDER_RECORD_SECONDS = 2.0
 
 
 def config_key(config: TrainConfig) -> str:
@@ -61,14 +64,22 @@ def lock_path(data_dir: Path, key: str) -> Path:
     return data_dir / "locks" / f"sweep-{key[:16]}.lock"
 
 
-def _holder(handle) -> str:
-    handle.seek(0)
-    try:
-        who = json.loads(handle.read() or "{}")
-    except json.JSONDecodeError:
-        return "another process"
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(who.get("started", 0)))
-    return f"process {who.get('pid', '?')} on {who.get('host', '?')}, started {started}"
+def _holder(handle: IO[str]) -> str:
+    """Who holds the lock, as it wrote itself into the file. A holder that took it an instant
+    ago (two starts at once) is given HOLDER_RECORD_SECONDS to write that."""
+    deadline = time.monotonic() + HOLDER_RECORD_SECONDS
+    while True:
+        handle.seek(0)
+        try:
+            who = json.loads(handle.read() or "{}")
+        except json.JSONDecodeError:  # being written
+            who = {}
+        if {"pid", "host", "started"} <= set(who):
+            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(who["started"]))
+            return f"process {who['pid']} on {who['host']}, started {started}"
+        if time.monotonic() >= deadline:
+            return "another process, which has not said who it is"
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -99,3 +99,40 @@ def test_the_same_sweep_started_twice_refuses_the_second(tmp_path) -> None:
     finally:
         first.send_signal(signal.SIGINT)
         first.wait(timeout=120)
+
+
+# A holder caught between taking the lock and writing who it is (two starts at once).
+HOLD_AND_SAY_WHO_LATE = """
+import fcntl, json, os, socket, sys, time
+with open(sys.argv[1], "a+") as handle:
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    handle.seek(0)
+    handle.truncate()
+    print("locked", flush=True)
+    time.sleep(0.5)
+    handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": 1e9}))
+    handle.flush()
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_two_starts_at_once_name_the_holder_not_a_question_mark(tmp_path) -> None:
+    from towerbench.tasks.sweep_lock import lock_path
+
+    path = lock_path(tmp_path.resolve(), "k" * 64)
+    path.parent.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_AND_SAY_WHO_LATE, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(TowerbenchError) as refused:
+            with only_live_sweep(tmp_path, "k" * 64):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1e9))
+    assert f"(process {holder.pid} on " in str(refused.value), refused.value
+    assert f", started {started})" in str(refused.value) and "?" not in str(refused.value)
