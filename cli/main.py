@@ -88,10 +88,20 @@ def _run(args: argparse.Namespace) -> int:
         # stdout.
         with stdout_reserved() as stdout:
             result = args.handler(args)
-        print(as_json(result.document), file=stdout, flush=True)
+        document = result.document
+        if result.failure is not None:  # what it recorded, and why it failed
+            document = {**document, "error": result.failure, "status": result.status}
+        print(as_json(document), file=stdout, flush=True)
     if result.failure is not None:
         _say_error(args, result.failure)
     return result.status
+
+
+def _failed(args: argparse.Namespace, message: str, status: int) -> int:
+    """`status`, once `--json`'s stdout has the error document `{"error": ..., "status": ...}`."""
+    if getattr(args, "json", False):
+        print(as_json({"error": message, "status": status}), flush=True)
+    return status
 
 
 def _say_error(args: argparse.Namespace, message: str) -> None:
@@ -127,7 +137,7 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
     except TowerbenchError as error:
         _say_error(args, str(error))
         # 2 for bad input; an infrastructure failure (a server lost) says 1 (a run failed).
-        return getattr(error, "exit_status", 2)
+        return _failed(args, str(error), getattr(error, "exit_status", 2))
     except BrokenPipeError:
         # Whoever read our output is gone (the launcher of `--workers N` killed, `| head`):
         # nothing to say, nor to flush at exit.
@@ -141,7 +151,7 @@ def _run_reporting_errors(args: argparse.Namespace) -> int:
             )
         else:
             print(f"towerbench {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _failed(args, "interrupted", 130)
 
 
 def run() -> None:

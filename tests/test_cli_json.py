@@ -80,3 +80,14 @@ def test_tensorflow_start_up_lines_appear_at_most_once() -> None:
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stderr.count("Could not find cuda drivers") <= 1, completed.stderr
     assert completed.stderr.count("before absl::InitializeLog") <= 1, completed.stderr
+
+
+def test_json_on_failure_is_one_error_document(tmp_path: Path, capfd) -> None:
+    """A refused command still gives a script something to parse: `{"error": ..., "status": ...}`
+    on stdout, the same line on stderr."""
+    status = main(["train", "--params", str(tmp_path / "missing.yaml"), "--json"])
+    captured = capfd.readouterr()
+    document = json.loads(captured.out)
+    assert status == 2 and set(document) == {"error", "status"} and document["status"] == 2
+    assert "missing.yaml" in document["error"]
+    assert captured.err.strip() == f"towerbench train: error: {document['error']}"

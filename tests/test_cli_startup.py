@@ -80,5 +80,8 @@ def test_bad_input_is_one_line_before_the_heavy_imports(
     (tmp_path / "bad.yaml").write_text("train:\n  epochs: -1\n")
     outcome, completed = probe(tmp_path, *argv)
     assert outcome == {"status": 2, "heavy": []}
-    assert completed.stdout == ""
     assert completed.stderr.startswith(message) and completed.stderr.count("\n") == 1
+    said = completed.stderr.strip().split(": error: ", 1)[1]
+    # Under --json, stdout is the error document; else nothing.
+    expected = json.dumps({"error": said, "status": 2}) + "\n" if "--json" in argv else ""
+    assert completed.stdout == expected

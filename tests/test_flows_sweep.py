@@ -402,8 +402,9 @@ def test_a_sweep_whose_every_run_diverged_fails(prefect_api_url, tmp_path) -> No
         timeout=600,
     )
     assert completed.returncode == 1, completed.stderr[-3000:]
-    outcome = json.loads(completed.stdout)  # what it recorded, as a completed sweep's
+    outcome = json.loads(completed.stdout)  # what it recorded, as a completed sweep's, and why
     assert [config["status"] for config in outcome["configs"]] == ["diverged", "diverged"]
+    assert outcome["status"] == 1 and outcome["error"].startswith("no configuration completed")
     said = [line for line in completed.stderr.splitlines() if line.startswith("towerbench ")]
     assert said[-1].startswith(
         "towerbench sweep: error: no configuration completed (2 diverged of 2 runs); towers=1 "
