@@ -152,6 +152,7 @@ def load(
         name_of = _location_namer(params_path, {o.key: o.option for o in overrides})
         raise TowerbenchError(describe_validation_error(error, name_of)) from None
     _refuse_weight_decay_of_a_user_model(params, params_path, given)
+    _refuse_hyperparameters_the_optimizer_ignores(params.train.optimizer, overrides)
     file_dir = params_path.resolve().parent if params_path is not None else None
     return _absolute_locations(params, file_dir, given, resolve_tracking, params_path)
 
@@ -216,6 +217,21 @@ def _refuse_weight_decay_of_a_user_model(
         "weight decay is its layers' kernel_regularizer, reported as the loss table's "
         "weight-decay term (with adamw, lamb or lars, weight_decay is the optimizer's own)"
     )
+
+
+def _refuse_hyperparameters_the_optimizer_ignores(
+    optimizer: str, overrides: list[Override]
+) -> None:
+    """A hyperparameter given as an option or keyword that the run's optimizer does not read,
+    even at its default (`--optimizer adam --momentum 0.9`), would be silently ignored."""
+    ignored = ALL_HYPERPARAMETERS - HYPERPARAMETERS[optimizer]
+    given = [o for o in overrides if o.section is TrainConfig and o.field in ignored]
+    if given:
+        takes = sorted(f"--{name.replace('_', '-')}" for name in HYPERPARAMETERS[optimizer])
+        raise TowerbenchError(
+            f"{given[0].option}: does not apply to --optimizer {optimizer} (it takes: "
+            f"{', '.join(takes) or 'none of them'})"
+        )
 
 
 def _section(raw: dict[str, Any], key: Key, params_path: Path | None) -> dict[str, Any]:

@@ -147,3 +147,20 @@ def test_every_subcommand_renders_its_help(capsys: pytest.CaptureFixture[str]) -
             parser.parse_args([name, "--help"])
         assert exit_info.value.code == 0, name
         assert f"usage: towerbench {name}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        # At its default value too: the option was typed, and adam would ignore it.
+        (
+            ["--optimizer", "adam", "--momentum", "0.9"],
+            "--momentum: does not apply to --optimizer ",
+        ),
+        (["--optimizer", "sgd", "--beta-1", "0.9"], "--beta-1: does not apply to --optimizer sgd"),
+    ],
+)
+def test_an_option_the_optimizer_ignores_is_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(TowerbenchError, match=f"^{message}"):
+        parse_train_config(argv)
+    assert parse_train_config(["--optimizer", "adam", "--beta-1", "0.9"]).optimizer == "adam"
