@@ -83,6 +83,12 @@ def _labels(key: str, labels: Any, examples: int) -> np.ndarray:
     return labels.astype(np.int64)
 
 
+def _listed(values: np.ndarray, shown: int = 5) -> str:
+    """`3, 4, 5, 6, 7 and 2 more`: the first few of `values`."""
+    text = ", ".join(str(value) for value in values[:shown])
+    return f"{text} and {values.size - shown} more" if values.size > shown else text
+
+
 def check_arrays(arrays: dict[str, Any], where: str) -> tuple[dict[str, Split], int]:
     """{train, test: (examples, int64 labels)} and the number of classes of `arrays` (keyed by
     KEYS), or a one-line TowerbenchError starting with `where` (the file, or `data`)."""
@@ -100,6 +106,12 @@ def check_arrays(arrays: dict[str, Any], where: str) -> tuple[dict[str, Split], 
         classes = int(y_train.max()) + 1
         if classes < 2:
             raise TowerbenchError("y_train: every label is 0; classifying needs 2 classes or more")
+        absent = np.setdiff1d(np.arange(classes), y_train)
+        if absent.size:
+            raise TowerbenchError(
+                f"y_train: label {classes - 1} implies {classes} classes, but {absent.size} of "
+                f"them have no example ({_listed(absent)}); labels must be 0..K-1, each present"
+            )
         if y_test.max() >= classes:
             raise TowerbenchError(
                 f"y_test: label {y_test.max()}, but y_train's largest is {classes - 1} "

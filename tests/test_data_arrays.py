@@ -108,6 +108,11 @@ BAD = {
         lambda tr, te: (tr, (te[0], te[1] + 3)),
         "y_test: label 5, but y_train's largest is 2 (3 classes implied)",
     ),
+    "a label far beyond the others": (  # {0, 1, 2, 10}: 11 classes, 7 of them empty
+        lambda tr, te: ((tr[0], np.where(tr[1] == 2, 10, tr[1])), te),
+        "y_train: label 10 implies 11 classes, but 8 of them have no example (2, 3, 4, 5, 6 "
+        "and 3 more); labels must be 0..K-1, each present",
+    ),
     "NaN in features": (
         lambda tr, te: ((_nan_at_3(tr[0]), tr[1]), te),
         "x_train: NaN or inf in the features (example 3)",
