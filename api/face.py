@@ -62,11 +62,13 @@ def _configuration(
     located = load_params(params, [], resolve_tracking=False)
     folder = Path(data_dir) if data_dir is not None else located.data.data_dir
     project = Path(params).resolve().parent if params is not None else Path.cwd()
+    locations = location_overrides(tracking_uri, folder)
+    # The keywords checked before a model file or the arrays are written: a refused call
+    # leaves nothing behind.
+    refuse_function_on_a_pool(model, load_params(params, [*locations, *overrides], False))
     given, version = model_and_data(model, data, name, folder, project)
-    everything = [*location_overrides(tracking_uri, folder), *train_overrides(given), *overrides]
-    loaded = load_params(params, everything)
-    refuse_function_on_a_pool(model, loaded)
-    return _Configuration(loaded, everything, version)
+    everything = [*locations, *train_overrides(given), *overrides]
+    return _Configuration(load_params(params, everything), everything, version)
 
 
 def _sweep(params: Params, fresh: bool, data_version: str | None) -> SweepResult:

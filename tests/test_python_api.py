@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import towerbench
@@ -63,6 +64,15 @@ def test_bad_keywords_are_refused_with_the_cli_message(tmp_path, keywords, messa
 def test_a_function_is_refused_on_a_pool(tmp_path):
     with pytest.raises(towerbench.TowerbenchError, match="^model=: a function defined here"):
         towerbench.sweep(model=define_build(8), data="digits", data_dir=tmp_path, pool="gpus")
+    assert list(tmp_path.iterdir()) == []  # no model file written for a refused call
+
+
+def test_a_call_refused_for_its_keywords_writes_no_model_file_and_no_arrays(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = ((rng.normal(size=(40, 4)).astype(np.float32), rng.integers(0, 2, 40)),) * 2
+    with pytest.raises(towerbench.TowerbenchError, match=r"^epochs=: "):
+        towerbench.train(model=define_build(8), data=arrays, data_dir=tmp_path, epochs=-1)
+    assert list(tmp_path.iterdir()) == []
 
 
 SCRIPT = """
