@@ -25,6 +25,9 @@ from towerbench.core.errors import TowerbenchError
 
 MODELS = "models"  # under the data dir
 SIGNATURE = "build(input_shape, num_classes)"
+# A builder carried by value larger than this closes over data (arrays, a dataset, a model):
+# every training process would load it from the file, and every edit would write it again.
+LARGEST_PICKLE_BYTES = 8 * 2**20
 
 
 def _check_signature(build: Callable[..., object]) -> None:
@@ -55,10 +58,24 @@ def _importable_file(build: Callable[..., object]) -> str | None:
     return f"{module.__file__}:{name}" if getattr(module, name, None) is build else None
 
 
+def _pickled(build: Callable[..., object]) -> bytes:
+    """`build` by value, unless it carries more than LARGEST_PICKLE_BYTES (one line: load the
+    data inside it instead)."""
+    pickled: bytes = cloudpickle.dumps(build)
+    if len(pickled) > LARGEST_PICKLE_BYTES:
+        raise TowerbenchError(
+            f"model=: {getattr(build, '__name__', build)!r} carries {len(pickled) / 2**20:.0f} MB "
+            f"by value (what it closes over or reads from its module: arrays, a dataset, a "
+            f"model), over {LARGEST_PICKLE_BYTES // 2**20} MB: load that inside {SIGNATURE} "
+            "instead, or put the function in a .py file and pass path/to/file.py:build"
+        )
+    return pickled
+
+
 def _module_text(build: Callable[..., object]) -> str:
     source = _source(build).rstrip("\n")
     where = getattr(build, "__module__", "?")
-    pickled = base64.b64encode(cloudpickle.dumps(build)).decode()
+    pickled = base64.b64encode(_pickled(build)).decode()
     quoted = "\n".join(f"#     {line}" for line in source.splitlines())
     return (
         f'"""{SIGNATURE} given to towerbench from Python ({where}); written by towerbench."""\n'

@@ -61,6 +61,20 @@ def test_bad_keywords_are_refused_with_the_cli_message(tmp_path, keywords, messa
         towerbench.train(data="digits", data_dir=tmp_path, **keywords)
 
 
+def test_a_function_carrying_megabytes_of_data_is_refused_with_a_hint(tmp_path):
+    weights = np.zeros((3, 2**20), np.float32)  # 12 MB the function closes over
+
+    def build(input_shape, num_classes):
+        return weights.shape, input_shape, num_classes
+
+    with pytest.raises(towerbench.TowerbenchError) as refused:
+        model_file(build, tmp_path)
+    message = str(refused.value)
+    assert message.startswith("model=: 'build' carries 12 MB by value") and "\n" not in message
+    assert "load that inside build(input_shape, num_classes) instead" in message
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_function_is_refused_on_a_pool(tmp_path):
     with pytest.raises(towerbench.TowerbenchError, match="^model=: a function defined here"):
         towerbench.sweep(model=define_build(8), data="digits", data_dir=tmp_path, pool="gpus")
