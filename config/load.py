@@ -32,7 +32,13 @@ from towerbench.config.params import (
     TrainGrid,
     apply_sweep_preset,
 )
-from towerbench.config.sections import DataConfig, FetchConfig, PreprocessConfig, TrainConfig
+from towerbench.config.sections import (
+    DataConfig,
+    FetchConfig,
+    PreprocessConfig,
+    TrainConfig,
+    options_read_by,
+)
 from towerbench.config.tracking_uri import resolve_tracking as absolute_tracking
 from towerbench.core.errors import Location, TowerbenchError, describe_validation_error, dotted
 
@@ -227,10 +233,9 @@ def _refuse_hyperparameters_the_optimizer_ignores(
     ignored = ALL_HYPERPARAMETERS - HYPERPARAMETERS[optimizer]
     given = [o for o in overrides if o.section is TrainConfig and o.field in ignored]
     if given:
-        takes = sorted(f"--{name.replace('_', '-')}" for name in HYPERPARAMETERS[optimizer])
         raise TowerbenchError(
             f"{given[0].option}: does not apply to --optimizer {optimizer} (it takes: "
-            f"{', '.join(takes) or 'none of them'})"
+            f"{options_read_by(optimizer)})"
         )
 
 

@@ -135,6 +135,11 @@ def _option(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+def options_read_by(optimizer: str) -> str:
+    """`--beta-1, --beta-2, --epsilon`: the hyperparameter options `optimizer` reads."""
+    return ", ".join(_option(name) for name in sorted(HYPERPARAMETERS[optimizer])) or "none of them"
+
+
 class TrainConfig(StrictModel):
     """One training run: model, towers, gradient aggregation, learning-rate policy, data.
 
@@ -326,10 +331,9 @@ class TrainConfig(StrictModel):
             if getattr(self, name) != type(self).model_fields[name].default
         )
         if given:
-            options = ", ".join(_option(name) for name in sorted(takes)) or "none of them"
             raise ValueError(
                 f"{_option(given[0])} does not apply to --optimizer {self.optimizer} "
-                f"(it takes: {options})"
+                f"(it takes: {options_read_by(self.optimizer)})"
             )
 
     def optimizer_hyperparameters(self) -> Hyperparameters:
