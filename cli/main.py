@@ -14,8 +14,9 @@ import os
 import signal
 import sys
 
-from towerbench.cli.console import CommandResult, as_json, quiet_native_logs, stdout_reserved
+from towerbench.cli.console import CommandResult, as_json, stdout_reserved
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.native_logs import quiet_native_logs
 from towerbench.model import cluster
 from towerbench.serve.telemetry import telemetry_off_unless_opted_in
 from towerbench.tasks.training.local_cluster import end_with_launcher

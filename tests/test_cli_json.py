@@ -70,7 +70,7 @@ def test_tensorflow_start_up_lines_appear_at_most_once() -> None:
         [
             sys.executable,
             "-c",
-            "from towerbench.cli.console import import_tensorflow; import_tensorflow()",
+            "from towerbench.core.native_logs import import_tensorflow; import_tensorflow()",
         ],
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
         capture_output=True,

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from towerbench.cli.console import CommandResult, import_tensorflow
+from towerbench.cli.console import CommandResult
 from towerbench.cli.options import (
     add_json_option,
     add_model_options,
@@ -24,6 +24,7 @@ from towerbench.config.load import load
 from towerbench.config.model_ref import parse_model
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.native_logs import import_tensorflow
 from towerbench.speed.results import BenchResults
 
 DEFAULT_REPORT = Path("docs/benchmarks.md")

@@ -7,12 +7,12 @@ import typing
 
 from pydantic import BaseModel
 
-from towerbench.cli.console import import_tensorflow
 from towerbench.cli.options import add_model_options, add_params_option, overrides_from_args
 from towerbench.config.load import Override, load
 from towerbench.config.params import Params
 from towerbench.config.sections import DataConfig, FetchConfig, PreprocessConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.native_logs import import_tensorflow
 
 SOURCES = typing.get_args(FetchConfig.model_fields["source"].annotation)
 

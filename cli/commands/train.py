@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from towerbench.cli.console import CommandResult, import_tensorflow
+from towerbench.cli.console import CommandResult
 from towerbench.cli.options import (
     add_json_option,
     add_model_options,
@@ -21,6 +21,7 @@ from towerbench.config.load import Override, load
 from towerbench.config.model_ref import parse_model
 from towerbench.config.optimizers import OPTIMIZERS
 from towerbench.config.sections import DataConfig, TrainConfig
+from towerbench.core.native_logs import import_tensorflow
 from towerbench.core.outcome import Status
 from towerbench.model.cluster import TF_CONFIG, Cluster
 from towerbench.model.records import EpochRecord
