@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-IMPORTS = "import towerbench\nimport keras\nimport tensorflow as tf\nprint(int(tf.constant(1) + 1))\n"
+IMPORTS = "import towerbench, keras, tensorflow as tf\nprint(int(tf.constant(1) + 1))\n"
 
 
 def _stderr_of(script: str, **environment: str) -> str:
