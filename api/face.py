@@ -35,7 +35,7 @@ from towerbench.config.grid import expand
 from towerbench.config.load import Override
 from towerbench.config.params import Params, SweepGrid
 from towerbench.core.errors import TowerbenchError
-from towerbench.core.outcome import SweepResult
+from towerbench.core.outcome import NothingTrained, SweepResult
 from towerbench.model.training_data import check_training_data
 from towerbench.serve.startup import sweep_lock
 
@@ -71,13 +71,26 @@ def _configuration(
     return _Configuration(load_params(params, everything), everything, version)
 
 
-def _sweep(params: Params, fresh: bool, data_version: str | None) -> SweepResult:
+def _say(lines: list[str]) -> None:
+    """A call's results and verdicts, after its progress (the flows log them for the UI only)."""
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _sweep(params: Params, fresh: bool, data_version: str | None, verbose: bool) -> SweepResult:
     from towerbench.flows.sweep import sweep_params
 
     check_training_data(expand(params.train, params.sweep), params.data.data_dir)
     # A second start of a live sweep is refused before Prefect's temporary server starts.
-    with sweep_lock(params), orchestrated(params):
-        return sweep_params(params, fresh=fresh, data_version=data_version)
+    with sweep_lock(params), orchestrated(params, verbose):
+        try:
+            result = sweep_params(params, fresh=fresh, data_version=data_version)
+        except NothingTrained as error:  # what it recorded, then the error
+            if isinstance(error.result, SweepResult):
+                _say(error.result.summary_lines())
+            raise
+    _say(result.summary_lines())
+    return result
 
 
 def sweep(
@@ -89,14 +102,16 @@ def sweep(
     tracking_uri: str | None = None,
     data_dir: str | Path | None = None,
     fresh: bool = False,
+    verbose: bool = False,
     **fields: Any,
 ) -> SweepResult:
     """Train every combination of the sweep's lists (`towers=[1, 4]`, `seeds=[0, 1, 2]`, ...;
-    a list for another field sweeps it too) and report; the same call again resumes."""
+    a list for another field sweeps it too) and report; the same call again resumes.
+    `verbose=True` shows Prefect's per-epoch logs and TensorFlow's C++ logging too."""
     lists = sweep_overrides(fields)
     overrides = lists + train_overrides(fields, lists_to_grid=True)
     run = _configuration(model, data, name, params, tracking_uri, data_dir, overrides)
-    return _sweep(run.params, fresh, run.data_version)
+    return _sweep(run.params, fresh, run.data_version, verbose)
 
 
 def train(
@@ -108,6 +123,7 @@ def train(
     tracking_uri: str | None = None,
     data_dir: str | Path | None = None,
     fresh: bool = False,
+    verbose: bool = False,
     **fields: Any,
 ) -> TrainResult:
     """Train one configuration (`towers=4`, `epochs=5`, ...) in a process of its own, tracked in
@@ -129,7 +145,7 @@ def train(
     }
     alone = [Override(SweepGrid, field, value, "train()") for field, value in axes.items()]
     single = load_params(params, [*run.overrides, *alone])
-    result = _sweep(single, fresh, run.data_version)
+    result = _sweep(single, fresh, run.data_version, verbose)
     from towerbench.tasks.tracking import client_for
 
     return train_result(result, client_for(single.tracking))
@@ -145,6 +161,7 @@ def advise(
     tracking_uri: str | None = None,
     data_dir: str | Path | None = None,
     fresh: bool = False,
+    verbose: bool = False,
     **fields: Any,
 ) -> Any:
     """The recipe for `towers` towers from a short probe, verified by a sweep of `seeds` seeds
@@ -158,13 +175,17 @@ def advise(
     check_verifiable(advice, run.params)
     from towerbench.flows.advise import advise as advise_flow
 
-    with orchestrated(run.params):
-        return advise_flow(
+    with orchestrated(run.params, verbose):
+        result = advise_flow(
             advice=advice,
             params_file=str(params) if params is not None else None,
             advanced={".".join(item.key): item.value for item in run.overrides},
             fresh=fresh,
         )
+    checked = result.verification
+    verdict = [] if checked is None else [f"Report: {checked.report}", checked.verdict]
+    _say([*result.lines, f"Recipe: {result.params_file}", *verdict])
+    return result
 
 
 def gradcheck(
@@ -174,6 +195,7 @@ def gradcheck(
     name: str | None = None,
     params: str | Path | None = None,
     data_dir: str | Path | None = None,
+    verbose: bool = False,
     **fields: Any,
 ) -> Any:
     """`towerbench gradcheck` (towers=, global_batch=, ...) in a process of its own (TensorFlow
@@ -181,6 +203,7 @@ def gradcheck(
     run = _configuration(model, data, name, params, None, data_dir, train_overrides(fields))
     options = [f"--{item.field.replace('_', '-')}={item.value}" for item in run.overrides]
     command = [sys.executable, "-m", "towerbench.cli.main", "gradcheck", "--json", *options]
+    command += ["--verbose"] if verbose else []
     if params is not None:
         command += ["--params", str(params)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)

@@ -1,9 +1,13 @@
-"""A progress bar per configuration in Jupyter; in a script, Prefect's log lines on stderr (one
-per epoch and configuration) are the progress, as on the command line."""
+"""What a call from Python shows while it runs: a bar per configuration (in Jupyter, tqdm's
+notebook bar, updated in place; on a terminal, a text bar), a line as each configuration ends,
+and, unless `verbose=True`, nothing else of Prefect's and MLflow's below a warning: their
+per-epoch and start-up lines stay in the Prefect UI (the bars and lines are this process's; a
+log piped to a file gets the lines alone)."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import warnings
 from collections.abc import Iterator
@@ -11,35 +15,84 @@ from typing import Any
 
 from towerbench.tasks.training.progress import listening
 
+# The loggers whose lines a quiet call keeps off the console, unless a warning or worse.
+THIRD_PARTY = ("prefect", "mlflow", "alembic", "httpx", "uvicorn", "docket")
+
 
 def _in_jupyter() -> bool:
     return "ipykernel" in sys.modules
 
 
-@contextlib.contextmanager
-def progress_bars() -> Iterator[None]:
-    """While the block runs, each configuration's epochs as a bar (Jupyter only)."""
-    if not _in_jupyter():
-        yield
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # without ipywidgets: a text bar, and a warning saying so
-        from tqdm.auto import tqdm
-    bars: dict[str, Any] = {}
+class _Shown:
+    """The listener of the configurations' progress (tasks/training/progress.py)."""
 
-    def show(name: str, done: float, planned: float) -> None:
-        if name not in bars:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                bars[name] = tqdm(total=planned, desc=name, unit="epoch", file=sys.stderr)
-        bar = bars[name]
+    def __init__(self, lines: bool) -> None:
+        self.lines = lines
+        self.bars: dict[str, Any] = {}
+        self.drawn = _in_jupyter() or sys.stderr.isatty()
+
+    def epoch(self, name: str, done: float, planned: float) -> None:
+        if not self.drawn:
+            return
+        from tqdm.auto import tqdm
+
+        if name not in self.bars:
+            self.bars[name] = tqdm(total=planned, desc=name, unit="epoch", file=sys.stderr)
+        bar = self.bars[name]
         bar.total = max(bar.total, done)  # AdaScale may train past its planned epochs
         bar.n = round(done, 2)
         bar.refresh()
 
+    def finished(self, line: str) -> None:
+        if not self.lines:  # Prefect's own log line says it
+            return
+        from tqdm.auto import tqdm
+
+        tqdm.write(line, file=sys.stderr)  # above a terminal's bars, not through them
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+
+
+class _WarningsOnly(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not record.name.startswith(THIRD_PARTY)
+
+
+@contextlib.contextmanager
+def _third_party_quiet() -> Iterator[None]:
+    """Prefect's and MLflow's lines below a warning kept off the console (not off the API)."""
+    import mlflow  # noqa: F401 - their logging set up before it is quieted
+    import prefect  # noqa: F401
+
+    console = [
+        handler
+        for name in ("", *THIRD_PARTY)
+        for handler in logging.getLogger(name).handlers
+        if isinstance(handler, logging.StreamHandler)
+    ]
+    quiet = _WarningsOnly()
+    for handler in console:
+        handler.addFilter(quiet)
     try:
-        with listening(show):
+        yield
+    finally:
+        for handler in console:
+            handler.removeFilter(quiet)
+
+
+@contextlib.contextmanager
+def shown_while_running(verbose: bool) -> Iterator[None]:
+    """While the block runs, the configurations' bars and lines; quiet unless `verbose`."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tqdm.auto without ipywidgets warns (a text bar)
+        import tqdm.auto  # noqa: F401
+    shown = _Shown(lines=not verbose)
+    try:
+        with listening(shown), contextlib.ExitStack() as stack:
+            if not verbose:
+                stack.enter_context(_third_party_quiet())
             yield
     finally:
-        for bar in bars.values():
-            bar.close()
+        shown.close()

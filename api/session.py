@@ -9,32 +9,40 @@ keeps their checkpoints, so the same call resumes). A notebook's kernel keeps no
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from collections.abc import Iterator
 
-from towerbench.api.progress import progress_bars
+from towerbench.api.progress import shown_while_running
 from towerbench.config.params import Params
+from towerbench.core.native_logs import quiet_native_logs
 from towerbench.serve.startup import prepare_prefect
 from towerbench.tasks.training.fork_server import stop_fork_server
 
 
 def _logs_sent() -> None:
-    """The flow runs' last log lines sent to the server before it stops."""
+    """The flow runs' last log lines sent to the server before it stops. From a thread of its
+    own: in a notebook this thread runs an event loop, where Prefect's drain is a coroutine."""
     from prefect.logging.handlers import APILogWorker
 
-    APILogWorker.drain_all(timeout=5)
+    drain = threading.Thread(target=APILogWorker.drain_all, kwargs={"timeout": 5})
+    drain.start()
+    drain.join()
 
 
 @contextlib.contextmanager
-def orchestrated(params: Params) -> Iterator[None]:
-    """Prefect and the fork server for the flows of one call, stopped at its end, and the
-    configurations' progress bars in Jupyter."""
+def orchestrated(params: Params, verbose: bool) -> Iterator[None]:
+    """Prefect and the fork server for the flows of one call, stopped at its end; what the call
+    shows meanwhile (api/progress.py)."""
+    quiet_native_logs(verbose)  # the training processes' TensorFlow logging
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     server = None
-    try:
-        server = prepare_prefect(params)  # None: a URL is set, or an earlier call's still runs
-        with progress_bars():
+    with shown_while_running(verbose):
+        try:
+            server = prepare_prefect(params)  # None: a URL is set, or an earlier call's still runs
             yield
-    finally:
-        if server is not None:
-            _logs_sent()
-            server.stop()
-        stop_fork_server()
+        finally:
+            if server is not None:
+                _logs_sent()
+                server.stop()
+            stop_fork_server()

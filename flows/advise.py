@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import RunStatus
-from prefect import flow, get_run_logger
+from prefect import flow
 
 from towerbench.config.advise import (
     AdviseConfig,
@@ -30,6 +30,7 @@ from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import NothingTrained
 from towerbench.flows.run_names import advise_run_name
 from towerbench.flows.sweep import plan_sweep, run_sweep
+from towerbench.flows.ui_lines import log_for_the_ui
 from towerbench.tasks.advise.advice import (
     Advice,
     advice_data_version,
@@ -68,8 +69,7 @@ def probe_and_choose(
         *probe_lines(request, result, measured),
         *recipe.lines(),
     ]
-    for line in lines:
-        get_run_logger().info(line)
+    log_for_the_ui(lines)
     return request, result, measured, recipe, lines
 
 
@@ -98,7 +98,7 @@ def verify_recipe(
         result = run_sweep(plan, params.tracking, train, grid, params.report, "advise", fresh)
     records = verification_records(params.tracking, result)
     verification = verify_outcome(result, recipe, records, params.report.margin)
-    get_run_logger().info(verification.verdict)
+    log_for_the_ui([verification.verdict])
     return verification
 
 

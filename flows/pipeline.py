@@ -6,7 +6,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow
 
 from towerbench.config.load import load
 from towerbench.config.optimizers import OptimizerName
@@ -23,6 +23,7 @@ from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import SweepResult
 from towerbench.flows.run_names import dated_run_name
 from towerbench.flows.sweep import FlowKind, sweep_params
+from towerbench.flows.ui_lines import log_for_the_ui
 from towerbench.tasks.data.dvc_stages import check_dvc_project
 from towerbench.tasks.data.fetch import fetch_task
 from towerbench.tasks.data.preprocess import preprocess_task
@@ -56,8 +57,7 @@ def run_pipeline(
     # The top-level run shows the report too, with where to find it, and ends with its summary.
     lead = f"MLflow parent run: {outcome.mlflow_url}\n\n"
     publish_artifact(Path(outcome.report), key=f"{kind}-report", lead=lead)
-    for line in outcome.summary_lines():
-        get_run_logger().info(line)
+    log_for_the_ui(outcome.summary_lines())
     return outcome
 
 

@@ -44,6 +44,7 @@ from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.config.tracking_uri import PROJECT_DIR, resolve_tracking
 from towerbench.core.outcome import ConfigSummary, NothingTrained, Outcome, Status, SweepResult
 from towerbench.flows.run_names import sweep_run_name
+from towerbench.flows.ui_lines import log_for_the_ui
 from towerbench.tasks.data.check import manifest_digest
 from towerbench.tasks.report import make_report, read_verdicts
 from towerbench.tasks.sweep_lock import (
@@ -403,8 +404,7 @@ def run_sweep(
         verdicts=read_verdicts(Path(report_path)),
         report=report_path,
     )
-    for line in result.summary_lines():
-        get_run_logger().info(line)
+    log_for_the_ui(result.summary_lines())
     return result
 
 

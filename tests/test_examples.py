@@ -51,3 +51,14 @@ def test_the_notebook_runs_in_a_jupyter_kernel(tmp_path):
     assert not [output for output in outputs if output.output_type == "error"]
     streams = "".join(output.get("text", "") for output in outputs)
     assert "cuda" not in streams.lower()  # no TensorFlow C++ logging in the cells' output
+    # The sweep's cell: a widget bar per configuration, a line as each ends, its results; no
+    # Prefect or MLflow log line, no text-bar fragment, no un-awaited coroutine.
+    bars = [
+        output
+        for output in table
+        if "application/vnd.jupyter.widget-view+json" in output.get("data", {})
+    ]
+    said = "".join(output.get("text", "") for output in table)
+    assert len(bars) == 4 and said.count(" completed: test accuracy ") == 4, said
+    for noise in ("| INFO", " INFO mlflow", "\r", "RuntimeWarning"):
+        assert noise not in streams, streams

@@ -130,6 +130,23 @@ def test_json_is_the_whole_of_stdout_and_the_files_sections_are_used(finished_sw
     assert stderr.count("Could not find cuda drivers") <= 1
 
 
+def test_the_results_are_said_once_on_the_terminal_and_kept_in_the_prefect_ui(
+    finished_sweep,
+) -> None:
+    """The command prints its results and verdicts; the flow logs them for the UI only."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterTextSearch
+
+    outcome, *_, stderr = finished_sweep
+    parent_line = f"MLflow parent run: {outcome['parent_run_id']}"
+    said = [parent_line, *(f"{group}: {verdict}" for group, verdict in outcome["verdicts"].items())]
+    assert outcome["verdicts"] and all(stderr.count(line) == 1 for line in said), stderr[-3000:]
+    with get_client(sync_client=True) as client:
+        search = LogFilterTextSearch(query=f'"{outcome["parent_run_id"]}"')
+        logs = client.read_logs(log_filter=LogFilter(text=search))
+    assert parent_line in [log.message for log in logs]
+
+
 def test_the_sweeps_own_process_leaves_tensorflow_to_the_training_processes(
     finished_sweep,
 ) -> None:

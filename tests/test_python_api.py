@@ -169,7 +169,7 @@ features = (labels[:, None] + rng.normal(size=(3000, 12))).astype(np.float32)
 data = ((features[:2400], labels[:2400]), (features[2400:], labels[2400:]))
 result = towerbench.sweep(model=build, data=data, name="blobs", towers=[2], seeds=[0],
                           epochs=int(sys.argv[1]), global_batch=32,
-                          tracking_uri="sqlite:///mlflow.db")
+                          tracking_uri="sqlite:///mlflow.db", verbose=True)
 print("PARENT", result.parent_run_id, result.configs[0].status)
 """
 
@@ -188,7 +188,7 @@ def test_an_interrupted_call_marks_its_runs_killed_and_the_same_call_resumes(tmp
         command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     seen = []
-    for line in process.stdout:  # the first epoch's log line: training is under way
+    for line in process.stdout:  # the first epoch's log line (verbose): training is under way
         seen.append(line)
         if "epoch 1:" in line:
             break

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 IMPORTS = "import towerbench, keras, tensorflow as tf\nprint(int(tf.constant(1) + 1))\n"
 
 
@@ -27,3 +29,42 @@ def test_keras_imported_after_towerbench_prints_no_tensorflow_log_line() -> None
     assert _stderr_of(IMPORTS) == ""
     # The user's own level wins: TensorFlow's start-up lines are theirs to see.
     assert "absl::InitializeLog" in _stderr_of(IMPORTS, TF_CPP_MIN_LOG_LEVEL="0")
+
+
+SWEEP = """
+import towerbench
+import numpy as np
+import keras
+
+def build(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(inputs))
+
+rng = np.random.default_rng(0)
+labels = rng.integers(0, 3, size=200)
+features = (labels[:, None] + rng.normal(size=(200, 6))).astype(np.float32)
+data = ((features[:160], labels[:160]), (features[160:], labels[160:]))
+towerbench.sweep(model=build, data=data, name="blobs", towers=[1, 2], seeds=[0], epochs=2,
+                 global_batch=32, tracking_uri="sqlite:///mlflow.db")
+"""
+
+
+@pytest.mark.slow
+def test_a_sweep_from_a_script_says_a_line_per_configuration_then_its_results(tmp_path) -> None:
+    (tmp_path / "script.py").write_text(SWEEP)
+    env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run(
+        [sys.executable, "script.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    ended = [line for line in lines if " completed: test accuracy " in line]
+    assert len(ended) == 2 and lines[-1].startswith("Report: "), done.stderr
+    assert len(lines) <= 12, done.stderr  # 2 ends, 2 results, 2 verdicts, the parent, the report
+    for noise in ("absl", "I0000", "| INFO", " INFO mlflow", "\r", "RuntimeWarning"):
+        assert noise not in done.stderr, done.stderr

@@ -1,12 +1,20 @@
-"""Who else in this process follows the configurations' progress: the Python face's progress
-bars (api/progress.py). The training task tells each listener a configuration's epochs done."""
+"""Who else in this process follows the configurations' progress: the Python face's bars and
+lines (api/progress.py). The training task tells each listener a configuration's epochs done,
+then the line that says how it ended."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Protocol
 
-Listener = Callable[[str, float, float], None]  # (configuration, epochs done, epochs planned)
+
+class Listener(Protocol):
+    def epoch(self, name: str, done: float, planned: float) -> None: ...
+
+    def finished(self, line: str) -> None: ...
+
+
 _listeners: list[Listener] = []
 
 
@@ -22,4 +30,9 @@ def listening(listener: Listener) -> Iterator[None]:
 
 def tell(name: str, done: float, planned: float) -> None:
     for listener in list(_listeners):
-        listener(name, done, planned)
+        listener.epoch(name, done, planned)
+
+
+def tell_finished(line: str) -> None:
+    for listener in list(_listeners):
+        listener.finished(line)

@@ -30,7 +30,7 @@ from towerbench.model.training_data import check_training_data
 from towerbench.tasks.tracking import mark_failed, mark_killed, tracking_server_watched
 from towerbench.tasks.training.fork_server import TrainingProcess
 from towerbench.tasks.training.local_cluster import last_error, run_local_cluster
-from towerbench.tasks.training.progress import tell
+from towerbench.tasks.training.progress import tell, tell_finished
 from towerbench.tasks.training.worker import EVENT_PREFIX, WorkerRequest
 
 
@@ -163,6 +163,7 @@ def train_configuration(
     except TowerbenchError as error:
         with tracking_server_watched(tracking):
             mark_failed(tracking, request.run_id, str(error), "")
+        tell_finished(f"{name} failed: {error}")
         raise TrainingFailed(f"{name}: {error}") from None
     try:
         outcome = run_training_process(request, on_event)
@@ -176,8 +177,11 @@ def train_configuration(
         # A run that failed because the tracking server went away ends the sweep, in one line.
         with tracking_server_watched(tracking):
             mark_failed(tracking, request.run_id, outcome.error or "", outcome.log)
+        tell_finished(f"{name} failed: {outcome.error}")
         raise TrainingFailed(f"{name}: {outcome.error}")
-    logger.info("%s %s: test accuracy %.4f", name, outcome.status, outcome.test_accuracy or 0)
+    ended = f"{name} {outcome.status}: test accuracy {outcome.test_accuracy or 0:.4f}"
+    logger.info(ended)
+    tell_finished(ended)
     if outcome.unstable:
         logger.warning("%s is unstable: %s", name, outcome.unstable)
     return outcome
