@@ -9,7 +9,6 @@ keeps their checkpoints, so the same call resumes). A notebook's kernel keeps no
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
 
@@ -35,7 +34,6 @@ def orchestrated(params: Params, verbose: bool) -> Iterator[None]:
     """Prefect and the fork server for the flows of one call, stopped at its end; what the call
     shows meanwhile (api/progress.py)."""
     quiet_native_logs(verbose)  # the training processes' TensorFlow logging
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     server = None
     with shown_while_running(verbose):
         try:

@@ -1,10 +1,12 @@
-"""What the CLI writes where: under `--json` stdout carries the result document and nothing else
-(TensorFlow's C++ logging is core/native_logs.py's)."""
+"""What the CLI writes where: under `--json` stdout carries the result document and nothing else;
+a command's results come last, after Prefect's run logs (its progress) and without Prefect's
+temporary-server notices (TensorFlow's C++ logging is core/native_logs.py's)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import sys
@@ -19,6 +21,19 @@ class CommandResult(NamedTuple):
     status: int
     document: dict[str, Any]
     failure: str | None = None
+
+
+class _NoServerNotices(logging.Filter):
+    """Prefect's own notices below a warning ("Starting/Stopping temporary server on ..."),
+    logged to the `prefect` logger itself; the runs' logs have loggers of their own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
+def server_notices_hidden() -> None:
+    """Keep Prefect's temporary-server notices off stderr (kept when Prefect sets up logging)."""
+    logging.getLogger("prefect").addFilter(_NoServerNotices())
 
 
 @contextlib.contextmanager

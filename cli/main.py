@@ -14,7 +14,12 @@ import os
 import signal
 import sys
 
-from towerbench.cli.console import CommandResult, as_json, stdout_reserved
+from towerbench.cli.console import (
+    CommandResult,
+    as_json,
+    server_notices_hidden,
+    stdout_reserved,
+)
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.native_logs import quiet_native_logs
 from towerbench.model import cluster
@@ -120,8 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     # Offline by default: no usage reports from MLflow, Prefect or DVC (before they are imported).
     telemetry_off_unless_opted_in()
     args = build_parser().parse_args(argv)
-    # TensorFlow's C++ logging would stand above the one line a user came for.
+    # TensorFlow's C++ logging would stand above the one line a user came for; Prefect's
+    # server notices after it.
     quiet_native_logs(args.verbose)
+    if not args.verbose:
+        server_notices_hidden()
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what `--workers N` starts N times
     signal.signal(signal.SIGTERM, _interrupt)  # a clean stop, as for Ctrl-C
     # Ctrl-C too, even when whatever started us left SIGINT ignored or blocked.

@@ -29,6 +29,9 @@ def prepare_prefect(params: Params) -> SubprocessASGIServer | None:
     startup = os.environ.setdefault(
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(EPHEMERAL_STARTUP_SECONDS)
     )
+    # Reading a run's artifacts draws a bar per download: after a command's results, or in
+    # the middle of a notebook cell's.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from towerbench.tasks.preflight import check_servers
 
     check_servers(params.tracking.tracking_uri)  # before the slow imports and any training

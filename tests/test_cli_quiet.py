@@ -45,3 +45,19 @@ def test_verbose_shows_tensorflows_own_logging(tmp_path) -> None:
     assert status == 2
     assert "absl::InitializeLog" in stderr, stderr
     assert stderr.splitlines()[-1].endswith("/net.py (its functions: build)")
+
+
+def test_prefects_server_notices_stay_off_the_commands_stderr_and_its_warnings_do_not() -> None:
+    """A command's results are its last lines: "Stopping temporary server on ..." (logged as
+    the command exits) is not after them."""
+    script = (
+        "from towerbench.cli.console import server_notices_hidden; server_notices_hidden()\n"
+        "from prefect.logging import get_logger\n"
+        "get_logger().info('Stopping temporary server on http://127.0.0.1:1')\n"
+        "get_logger().warning('a warning of its own')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "a warning of its own" in done.stderr and "temporary server" not in done.stderr
