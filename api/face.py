@@ -74,7 +74,7 @@ def _configuration(
 def _say(lines: list[str]) -> None:
     """A call's results and verdicts, after its progress (the flows log them for the UI only)."""
     for line in lines:
-        print(line, file=sys.stderr, flush=True)
+        print(line, flush=True)
 
 
 def _sweep(params: Params, fresh: bool, data_version: str | None, verbose: bool) -> SweepResult:

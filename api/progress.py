@@ -1,8 +1,8 @@
-"""What a call from Python shows while it runs: a bar per configuration (in Jupyter, tqdm's
-notebook bar, updated in place; on a terminal, a text bar), a line as each configuration ends,
-and, unless `verbose=True`, nothing else of Prefect's and MLflow's below a warning: their
-per-epoch and start-up lines stay in the Prefect UI (the bars and lines are this process's; a
-log piped to a file gets the lines alone)."""
+"""What a call from Python shows while it runs, on stdout as Keras' `model.fit` shows its own: a
+bar per configuration (in Jupyter, tqdm's notebook bar, updated in place; on a terminal, a text
+bar; piped to a file, none) and a line as each configuration ends. Unless `verbose=True`, nothing
+else of Prefect's and MLflow's below a warning: their per-epoch and start-up lines stay in the
+Prefect UI."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class _Shown:
     def __init__(self, lines: bool) -> None:
         self.lines = lines
         self.bars: dict[str, Any] = {}
-        self.drawn = _in_jupyter() or sys.stderr.isatty()
+        self.drawn = _in_jupyter() or sys.stdout.isatty()
 
     def epoch(self, name: str, done: float, planned: float) -> None:
         if not self.drawn:
@@ -37,7 +37,7 @@ class _Shown:
         from tqdm.auto import tqdm
 
         if name not in self.bars:
-            self.bars[name] = tqdm(total=planned, desc=name, unit="epoch", file=sys.stderr)
+            self.bars[name] = tqdm(total=planned, desc=name, unit="epoch", file=sys.stdout)
         bar = self.bars[name]
         bar.total = max(bar.total, done)  # AdaScale may train past its planned epochs
         bar.n = round(done, 2)
@@ -48,7 +48,7 @@ class _Shown:
             return
         from tqdm.auto import tqdm
 
-        tqdm.write(line, file=sys.stderr)  # above a terminal's bars, not through them
+        tqdm.write(line, file=sys.stdout)  # above a terminal's bars, not through them
 
     def close(self) -> None:
         for bar in self.bars.values():

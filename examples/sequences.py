@@ -7,10 +7,10 @@ them. Run it from a script or a notebook:
     python examples/sequences.py
 """
 
+import towerbench  # noqa: I001 - first: TensorFlow then starts without its C++ log lines
+
 import keras
 import numpy as np
-
-import towerbench
 
 VOCABULARY = 200
 LENGTH = 30
@@ -37,7 +37,8 @@ def token_data(examples: int = 2000, test: int = 500, seed: int = 0):
 
 
 if __name__ == "__main__":
-    result = towerbench.sweep(
+    # Prints a line as each run ends, then the results, the verdicts and where the report is.
+    towerbench.sweep(
         model=build,
         data=token_data(),
         name="tokens",
@@ -48,7 +49,3 @@ if __name__ == "__main__":
         global_batch=64,
         tracking_uri="sqlite:///mlflow.db",
     )
-    print(result.to_frame()[["name", "seed", "status", "test_accuracy"]].to_string(index=False))
-    for name, verdict in result.verdicts.items():
-        print(f"Verdict for {name}: {verdict}")
-    print(f"Report: {result.report}")

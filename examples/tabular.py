@@ -9,10 +9,10 @@ towerbench writes the arrays once as a dataset (DATA_DIR/raw/<name>/), trains 1 
 Adam for each seed, each in a process of its own tracked in MLflow (mlflow.db here), and reports.
 """
 
+import towerbench  # noqa: I001 - first: TensorFlow then starts without its C++ log lines
+
 import keras
 from sklearn.datasets import make_classification
-
-import towerbench
 
 
 def build(input_shape, num_classes):
@@ -33,7 +33,8 @@ def tabular_data(examples: int = 3000, test: int = 1000):
 
 
 if __name__ == "__main__":
-    result = towerbench.sweep(
+    # Prints a line as each run ends, then the results, the verdicts and where the report is.
+    towerbench.sweep(
         model=build,
         data=tabular_data(),
         name="tabular",
@@ -44,7 +45,3 @@ if __name__ == "__main__":
         global_batch=64,
         tracking_uri="sqlite:///mlflow.db",
     )
-    print(result.to_frame()[["name", "seed", "status", "test_accuracy"]].to_string(index=False))
-    for name, verdict in result.verdicts.items():
-        print(f"Verdict for {name}: {verdict}")
-    print(f"Report: {result.report}")
