@@ -20,6 +20,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from types import ModuleType
+from typing import IO, Any
 
 _NATIVE_LOG_LINE = re.compile(
     r"^(?:[IWEF]\d{4} \S+\s+\d+ |WARNING: All log messages before absl::InitializeLog)"
@@ -40,18 +41,27 @@ def quiet_native_logs(verbose: bool) -> None:
 
 
 @contextlib.contextmanager
+def stderr_redirected(target: IO[Any]) -> Iterator[None]:
+    """File descriptor 2, where native code writes too, into `target` while the block runs."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(target.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextlib.contextmanager
 def native_lines_handled() -> Iterator[None]:
     """While the block runs, what is written to stderr (file descriptor 2) is held back; then
     written without the native log lines, or with each only once when they are wanted."""
-    sys.stderr.flush()
-    saved = os.dup(2)
     with tempfile.TemporaryFile("w+b") as capture:
-        os.dup2(capture.fileno(), 2)
         try:
-            yield
+            with stderr_redirected(capture):
+                yield
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
             capture.seek(0)
             sys.stderr.write(_kept(capture.read().decode(errors="replace")))
             sys.stderr.flush()

@@ -6,21 +6,29 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 
 IMPORTS = "import towerbench, keras, tensorflow as tf\nprint(int(tf.constant(1) + 1))\n"
 
 
-def _stderr_of(script: str, **environment: str) -> str:
+def _python(*argv: str, cwd: Path | None = None, **environment: str) -> CompletedProcess[str]:
+    """Python run as a user runs it: TensorFlow's log level theirs to set (unset unless given)."""
     env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
-    done = subprocess.run(
-        [sys.executable, "-c", script],
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=cwd,
         env={**env, **environment},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
+
+
+def _stderr_of(script: str, **environment: str) -> str:
+    done = _python("-c", script, **environment)
     assert done.returncode == 0 and done.stdout == "2\n", done.stderr[-2000:]
     return done.stderr
 
@@ -52,15 +60,7 @@ towerbench.sweep(model=build, data=data, name="blobs", towers=[1, 2], seeds=[0],
 @pytest.mark.slow
 def test_a_script_sweep_says_a_line_per_configuration_then_its_results_on_stdout(tmp_path) -> None:
     (tmp_path / "script.py").write_text(SWEEP)
-    env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
-    done = subprocess.run(
-        [sys.executable, "script.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = _python("script.py", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()  # as Keras' model.fit says its progress
     ended = [line for line in lines if " completed: test accuracy " in line]

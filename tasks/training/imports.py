@@ -9,27 +9,14 @@ to stderr meanwhile (CUDA probing, printed before its log level applies) is drop
 server's stderr is the sweep's, where the user reads the sweep's progress.
 """
 
-import contextlib
 import os
-from collections.abc import Iterator
 
-
-@contextlib.contextmanager
-def _stderr_dropped() -> Iterator[None]:
-    saved = os.dup(2)
-    with open(os.devnull, "w") as devnull:
-        os.dup2(devnull.fileno(), 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
+from towerbench.core.native_logs import stderr_redirected
 
 # The training processes' default (tasks/training/train.py): TensorFlow reads it once, when it
 # first logs.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-with _stderr_dropped():
+with open(os.devnull, "w") as devnull, stderr_redirected(devnull):
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     from mlflow.utils import requirements_utils
 
