@@ -7,10 +7,13 @@ import errno
 import importlib.util
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 from towerbench.core.errors import TowerbenchError
-from towerbench.serve.deployments import server_environment, tool
+from towerbench.core.processes import stop_tree
+from towerbench.core.reaper import Reaper
+from towerbench.serve.deployments import SERVER_STOP_GRACE_SECONDS, server_environment, tool
 
 # `mlflow server --app-name basic-auth` refuses to start without these (MLflow 3.17 has no
 # default admin password); they come from the environment, never from a file in the project.
@@ -74,6 +77,16 @@ def server_command(
     return command
 
 
-def serve_tracking(command: list[str]) -> None:
-    """Become the MLflow server (exec): signals reach it directly, and it ends with this command."""
-    os.execve(command[0], command, server_environment())
+def serve_tracking(command: list[str]) -> int:
+    """Run the MLflow server until it exits or this command is stopped; its exit status. It runs
+    in a session of its own, watched by a reaper (core/reaper.py), so it ends with this command
+    with the uvicorn workers it starts, however the command ends: Ctrl-C and SIGTERM stop it
+    here, SIGKILL and a closed terminal through the reaper."""
+    reaper = Reaper()
+    server = subprocess.Popen(command, env=server_environment(), start_new_session=True)
+    reaper.watch(server)
+    try:
+        return server.wait()
+    finally:
+        stop_tree(server, SERVER_STOP_GRACE_SECONDS)
+        reaper.close()

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import fixtures_model
 import httpx
+import psutil
 import pytest
 from fixtures_data import http_server
+from fixtures_servers import free_port, start, stop, wait_until
 from mlflow.environment_variables import (
     MLFLOW_HTTP_REQUEST_MAX_RETRIES,
     MLFLOW_HTTP_REQUEST_TIMEOUT,
@@ -233,3 +235,27 @@ def test_tracking_serve_on_a_taken_port_is_one_line_and_status_2(tmp_path):
         "(another server listens there): stop it or choose another --port"
     )
     assert not (tmp_path / "mlflow.db").exists()  # nothing was started
+
+
+def test_tracking_serve_killed_takes_its_server_and_workers_with_it(tmp_path):
+    """SIGKILL of `towerbench tracking serve` (nothing of ours can run then): within seconds no
+    process it started still serves the port, so no sweep goes on logging to an orphan."""
+    port = free_port()
+    command = [sys.executable, "-m", "towerbench.cli.main", "tracking", "serve"]
+    command += ["--port", str(port), "--workers", "2"]
+    command += ["--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    command += ["--artifacts-destination", str(tmp_path / "artifacts")]
+    server = start(command, tmp_path / "serve.log", cwd=ROOT)
+    try:
+        health = f"http://127.0.0.1:{port}/health"
+        wait_until(lambda: httpx.get(health, timeout=2).status_code == 200, 180, "serve", [server])
+        started = psutil.Process(server.pid).children(recursive=True)
+        assert len(started) >= 3, started  # the server, uvicorn's master and its 2 workers
+        server.kill()
+        server.wait()
+        _, left = psutil.wait_procs(started, timeout=10)
+        assert left == [], [process.cmdline() for process in left]
+        with pytest.raises(httpx.TransportError):
+            httpx.get(health, timeout=2)
+    finally:
+        stop([server])

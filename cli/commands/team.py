@@ -30,7 +30,7 @@ def run_worker_command(args: argparse.Namespace) -> int:
 def run_tracking_serve_command(args: argparse.Namespace) -> int:
     from towerbench.serve.tracking_server import serve_tracking, server_command
 
-    serve_tracking(
+    return serve_tracking(
         server_command(
             args.backend_store_uri,
             args.artifacts_destination,
@@ -41,7 +41,6 @@ def run_tracking_serve_command(args: argparse.Namespace) -> int:
             args.basic_auth,
         )
     )
-    return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
