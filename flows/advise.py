@@ -27,6 +27,7 @@ from towerbench.config.optimizers import OptimizerName
 from towerbench.config.params import Params, SweepGrid
 from towerbench.config.run_form import model_override, optimizer_override
 from towerbench.config.sections import TrainConfig
+from towerbench.core.dataset_lock import datasets_read
 from towerbench.core.outcome import NothingTrained
 from towerbench.flows.run_names import advise_run_name
 from towerbench.flows.sweep import plan_sweep, run_sweep
@@ -94,7 +95,7 @@ def verify_recipe(
     data_dir = Path(params.data.data_dir).resolve()
     version = advice_data_version(data_dir, train.dataset)  # the advise run's, as sweeps record it
     plan = plan_sweep(configs, train, grid, data_dir, version, "advise")
-    with only_live_sweep(plan.data_dir, plan.key):
+    with only_live_sweep(plan.data_dir, plan.key), datasets_read(plan.data_dir, plan.versions):
         result = run_sweep(plan, params.tracking, train, grid, params.report, "advise", fresh)
     records = verification_records(params.tracking, result)
     verification = verify_outcome(result, recipe, records, params.report.margin)

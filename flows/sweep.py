@@ -42,6 +42,7 @@ from towerbench.config.model_ref import parse_model
 from towerbench.config.params import Params, ReportConfig, SweepGrid, TrackingConfig
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.config.tracking_uri import PROJECT_DIR, resolve_tracking
+from towerbench.core.dataset_lock import datasets_read
 from towerbench.core.outcome import ConfigSummary, NothingTrained, Outcome, Status, SweepResult
 from towerbench.flows.run_names import sweep_run_name
 from towerbench.flows.ui_lines import log_for_the_ui
@@ -431,7 +432,7 @@ def sweep(
     configs = expand(train, sweep)
     start_fork_server_for(configs, sweep.pool)  # imports beside the set-up (unless started)
     plan = plan_sweep(configs, train, sweep, Path(data.data_dir).resolve(), data_version, kind)
-    with only_live_sweep(plan.data_dir, plan.key):
+    with only_live_sweep(plan.data_dir, plan.key), datasets_read(plan.data_dir, plan.versions):
         result = run_sweep(plan, tracking, train, sweep, report, kind, fresh)
     failure = result.nothing_trained()
     if failure is not None:

@@ -5,6 +5,8 @@
 
 Both publish atomically: a failed step leaves nothing a later step would pick up, and the
 previous version of its output, if any, as it was. A full disk is one line naming the folder.
+Both hold the dataset's lock (core/dataset_lock.py): never while a training reads it, never two
+at once.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from towerbench.config.names import name_problem
 from towerbench.config.sections import FetchConfig, PreprocessConfig, dataset_name
+from towerbench.core.dataset_lock import dataset_written, fetch_staging_held
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.files import no_new_empty_folders, replace_folder, space_errors
 from towerbench.core.tfrecord_format import Manifest, dataset_dir
@@ -59,15 +62,21 @@ def fetch(config: FetchConfig, data_dir: Path) -> Path:
     folder = raw_dir(data_dir, dataset_name(config))
     with no_new_empty_folders(staging_dir(folder)):
         staging = ensure_writable(staging_dir(folder))
-        try:
-            with space_errors(folder, what="the fetched dataset"):
-                link_previous(folder, staging)
-                record = source.fetch(config, staging)
-                write_source_record(staging, record)
-                replace_folder(staging, folder)
-        except BaseException:
-            discard_staging(staging)
-            raise
+        with fetch_staging_held(staging, dataset_name(config)):
+            return _fetch_into(source, config, staging, folder)
+
+
+def _fetch_into(source: Source, config: FetchConfig, staging: Path, folder: Path) -> Path:
+    """Assemble the new version in `staging`, then swap it in as `folder`."""
+    try:
+        with space_errors(folder, what="the fetched dataset"):
+            link_previous(folder, staging)
+            record = source.fetch(config, staging)
+            write_source_record(staging, record)
+            replace_folder(staging, folder)
+    except BaseException:
+        discard_staging(staging)
+        raise
     return folder
 
 
@@ -90,7 +99,7 @@ def preprocess(name: str, config: PreprocessConfig, data_dir: Path) -> Manifest:
     record = fetched_record(name, data_dir)
     folder = raw_dir(data_dir, name)
     out_dir = dataset_dir(data_dir, name)
-    with no_new_empty_folders(out_dir):
+    with dataset_written(data_dir, name), no_new_empty_folders(out_dir):
         ensure_writable(out_dir.parent)
         loaded = source_for(record["source"]).load(folder, record, config)
         return write_dataset(

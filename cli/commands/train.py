@@ -21,6 +21,7 @@ from towerbench.config.load import Override, load
 from towerbench.config.model_ref import parse_model
 from towerbench.config.optimizers import OPTIMIZERS
 from towerbench.config.sections import DataConfig, TrainConfig
+from towerbench.core.dataset_lock import datasets_read
 from towerbench.core.native_logs import import_tensorflow
 from towerbench.core.outcome import Status
 from towerbench.model.cluster import TF_CONFIG, Cluster
@@ -179,9 +180,14 @@ def run_train(args: argparse.Namespace) -> CommandResult:
     from towerbench.model.training import train
 
     progress = _Progress()
-    result = train(
-        config, params.data.data_dir, args.checkpoint_dir, progress.on_epoch, progress.on_progress
-    )
+    with datasets_read(params.data.data_dir, [config.dataset]):
+        result = train(
+            config,
+            params.data.data_dir,
+            args.checkpoint_dir,
+            progress.on_epoch,
+            progress.on_progress,
+        )
     final = result.final
     across = f" on each of {config.workers} workers" if config.workers > 1 else ""
     print(
