@@ -53,8 +53,11 @@ def checkpoint_dir(data_dir: Path, run_id: str) -> Path:
     return data_dir / CHECKPOINTS / run_id
 
 
-class TrainingFailed(Exception):
-    """A configuration's training process failed; the message is its one-line cause."""
+class TrainingFailed(TowerbenchError):
+    """A configuration's training process failed; the message is its one-line cause (its task
+    shows it without a traceback: tasks/user_errors_log.py). A command that ends on it exits 1."""
+
+    exit_status = 1
 
 
 # How long a stopped training process has to mark its run and exit before it is killed (a
