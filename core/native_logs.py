@@ -27,8 +27,11 @@ _NATIVE_LOG_LINE = re.compile(
 )
 _TIME_AND_THREAD = re.compile(r"^[IWEF]\d{4} \S+\s+\d+ ")
 
+# Set beside the level when towerbench chose it, so that the processes it starts (the workers
+# of `--workers N`, which inherit both) do not take towerbench's choice for the user's.
+_OURS = "TOWERBENCH_CHOSE_TF_CPP_MIN_LOG_LEVEL"
 # Read when towerbench is first imported, before it sets the level itself.
-_LEVEL_SET_BY_USER = "TF_CPP_MIN_LOG_LEVEL" in os.environ
+_LEVEL_SET_BY_USER = "TF_CPP_MIN_LOG_LEVEL" in os.environ and _OURS not in os.environ
 _native_logs_shown = _LEVEL_SET_BY_USER
 
 
@@ -38,6 +41,7 @@ def quiet_native_logs(verbose: bool) -> None:
     _native_logs_shown = verbose or _LEVEL_SET_BY_USER
     if not _LEVEL_SET_BY_USER:
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0" if verbose else "3"
+        os.environ[_OURS] = "1"
 
 
 @contextlib.contextmanager

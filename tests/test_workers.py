@@ -5,6 +5,7 @@ checkpoint and ends with the weights of one process with 4 towers."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -97,8 +98,10 @@ def test_a_killed_worker_ends_the_run_and_the_resumed_workers_match_one_process_
     checkpoint and ends with the weights of one process with 4 towers (float tolerance)."""
     command = [sys.executable, "-m", "towerbench.cli.main", "train", "--params", str(params_file)]
     command += ["--workers", "2", "--towers", "2", "--checkpoint-dir", str(tmp_path)]
+    # TensorFlow's log level left to towerbench, as a user leaves it.
+    env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
     launcher = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     try:
         deadline = time.monotonic() + 240
@@ -117,6 +120,7 @@ def test_a_killed_worker_ends_the_run_and_the_resumed_workers_match_one_process_
     assert time.monotonic() - killed_at < 30
     assert "worker 1: killed by signal 9 (the other workers were stopped)" in stderr
     assert "another worker stopped or became unreachable" in stderr, stderr[-3000:]
+    assert not re.search(r"^[IWEF]\d{4} |absl::InitializeLog", stderr, re.M), stderr[-3000:]
     assert not any(worker.is_running() for worker in workers.values())
 
     document = _train(params_file, tmp_path, "--workers", "2", "--towers", "2", capfd=capfd)
