@@ -140,6 +140,11 @@ def read_failure(error: Exception, config: TrainConfig, data_dir: Path) -> Tower
         path, what = problem
         return shard_error(path, f"{what} (while training: {detail})", config.dataset)
     if not isinstance(error, tf.errors.DataLossError):
+        if str(folder) in str(error):  # its shards all there: another version replaced this one
+            return TowerbenchError(
+                f"{folder}: the dataset was replaced while this run read it (while training: "
+                f"{detail}): run it again, on the new version"
+            )
         return None  # a file that is not one of the dataset's
     damaged = _unreadable_shard(folder, manifest)
     if damaged is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,24 @@ def test_a_shard_harmed_while_training_is_named_in_one_line(tmp_path, split, har
     message = str(failed.value)
     assert message.startswith(f"{shard}: TFRecord shard {expected} (while training: ")
     assert "`towerbench preprocess digits`" in message and "\n" not in message
+
+
+def test_a_dataset_replaced_under_its_training_is_said_in_one_line(tmp_path):
+    """Another version swapped in (3 shards where it read 2; no lock of ours was asked): the
+    shard it reads is gone, every shard of the new version is there."""
+    data, folder = _data(tmp_path / "run")
+
+    def after_the_first_epoch(record) -> None:
+        if record.epoch == 1:
+            rebuilt = fixtures_model.write_digits(tmp_path / "new", train=240, test=80, shards=3)
+            shutil.rmtree(folder)
+            dataset_dir(rebuilt, "digits").rename(folder)
+
+    with pytest.raises(TowerbenchError) as failed:
+        training.train(TWO_EPOCHS, data, on_epoch=after_the_first_epoch)
+    message = str(failed.value)
+    assert message.startswith(f"{folder}: the dataset was replaced while this run read it (")
+    assert "\n" not in message
 
 
 def test_train_stops_on_a_damaged_record_with_exit_2_and_one_line(tmp_path, capsys):
