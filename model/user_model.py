@@ -10,11 +10,13 @@ than BatchNormalization that updates its own state in training (towers would ave
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
+import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 
 import keras
@@ -26,6 +28,20 @@ from towerbench.core.errors import TowerbenchError
 from towerbench.model.precision import Precision, layers_in
 
 SEED_STATE = "seed_generator_state"  # a Dropout's random state, drawn per tower (model.towers)
+# After this long a build that has not returned (an endless loop, a large download) is said.
+BUILD_NOTICE_SECONDS = 5.0
+
+
+@contextlib.contextmanager
+def _said_if_still_running(line: str, seconds: float) -> Iterator[None]:
+    """`line` on stderr if the block is still running after `seconds` (it may never end)."""
+    notice = threading.Timer(seconds, lambda: print(line, file=sys.stderr, flush=True))
+    notice.daemon = True
+    notice.start()
+    try:
+        yield
+    finally:
+        notice.cancel()
 
 
 def _where_raised(error: BaseException) -> str:
@@ -241,13 +257,14 @@ def build_user_model(
     with layers_in(precision):  # a policy the file sets when imported ends here
         builder = load_builder(reference, function)
     shape = tuple(int(size) for size in input_shape)
+    call = f"{function}({shape}, {num_classes})"
+    still = f"towerbench: {text}: {call} has been building for {BUILD_NOTICE_SECONDS:g} s"
     with layers_in(precision):
         try:
-            model = builder(shape, num_classes)
+            with _said_if_still_running(f"{still} (Ctrl-C stops it)", BUILD_NOTICE_SECONDS):
+                model = builder(shape, num_classes)
         except Exception as error:
-            raise TowerbenchError(
-                f"{text}: " + _raised(f"{function}({shape}, {num_classes})", error)
-            ) from None
+            raise TowerbenchError(f"{text}: " + _raised(call, error)) from None
         model = check_model(model, text, function, shape, num_classes)
     _check_precision(model, text, precision)
     return model

@@ -473,3 +473,28 @@ def test_the_small_resnet_example_offers_a_network_for_decoupled_weight_decay():
     shapes = {f: [v.shape for v in m.trainable_variables] for f, m in networks.items()}
     assert shapes["build"] == shapes["build_without_l2"]
     assert not networks["build_without_l2"].losses and len(networks["build"].losses) == 7
+
+
+def test_a_build_that_takes_long_is_said_on_stderr_and_a_quick_one_is_not(
+    tmp_path, capfd, monkeypatch
+) -> None:
+    """An endless `build()` would otherwise hang without a word (Ctrl-C stops it)."""
+    from towerbench.model import user_model
+
+    monkeypatch.setattr(user_model, "BUILD_NOTICE_SECONDS", 0.3)
+    slow = _model_file(
+        tmp_path,
+        "import time\n"
+        + USER_MODEL.replace(
+            "    inputs = keras.Input", "    time.sleep(1.0)\n    inputs = keras.Input"
+        ),
+        "slow.py",
+    )
+    build_user_model(f"{slow}:build", (8, 8, 1), 10)
+    said = capfd.readouterr().err.splitlines()
+    assert said == [
+        f"towerbench: {slow}:build: build((8, 8, 1), 10) has been building for 0.3 s (Ctrl-C "
+        "stops it)"
+    ]
+    build_user_model(f"{_model_file(tmp_path, USER_MODEL)}:build", (8, 8, 1), 10)
+    assert capfd.readouterr().err == ""
