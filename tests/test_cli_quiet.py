@@ -3,24 +3,23 @@ CUDA probing) stays off stderr unless asked for, so a bad model reference is exa
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from fixtures_model import write_digits
+from fixtures_user import user_environment
 
 
 def _train_a_missing_function(tmp_path: Path, *extra: str, **environment: str) -> tuple[int, str]:
     write_digits(tmp_path / "data", train=64, test=32)
     (tmp_path / "net.py").write_text("def build(input_shape, num_classes):\n    return None\n")
-    env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
     completed = subprocess.run(
         [sys.executable, "-m", "towerbench.cli.main", "train", "--model", "net.py:nothere"]
         + ["--dataset", "digits", "--data-dir", "data", "--global-batch", "16", *extra],
         cwd=tmp_path,
-        env={**env, **environment},
+        env=user_environment(**environment),
         capture_output=True,
         text=True,
         timeout=300,

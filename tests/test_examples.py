@@ -3,7 +3,6 @@ real Jupyter kernel; each ends with a verdict per configuration and a report."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from fixtures_user import QUIET_BREACHES, user_environment
 from nbclient import NotebookClient
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -26,7 +26,7 @@ def _verdict_lines(text: str) -> list[str]:
 @pytest.mark.parametrize("script", ["tabular.py", "sequences.py"])
 def test_example_script_sweeps_and_prints_its_verdict(tmp_path, script):
     shutil.copy(EXAMPLES / script, tmp_path / script)
-    env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    env = user_environment()
     done = subprocess.run(
         [sys.executable, script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
     )
@@ -36,7 +36,7 @@ def test_example_script_sweeps_and_prints_its_verdict(tmp_path, script):
     assert "pp" in verdict or "diverged" in verdict
     report = done.stdout.strip().splitlines()[-1].removeprefix("Report: ")
     assert Path(report).is_file()
-    assert done.stderr == "", done.stderr  # no TensorFlow, Prefect or MLflow line
+    assert not QUIET_BREACHES.search(done.stderr), done.stderr  # a warning may stay
 
 
 @pytest.mark.slow

@@ -6,13 +6,13 @@ or training would be."""
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixtures_user import user_environment
 
 pytestmark = pytest.mark.slow  # runs the command line (preprocess and train load TensorFlow)
 
@@ -54,11 +54,10 @@ def _held(data_dir: Path, name: str, how: str) -> Iterator[None]:
 
 def _towerbench(*argv: str, cwd: Path) -> tuple[int, list[str]]:
     """The command as a user runs it, TensorFlow's log level left to towerbench."""
-    env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
     done = subprocess.run(
         [sys.executable, "-m", "towerbench.cli.main", *argv],
         cwd=cwd,
-        env=env,
+        env=user_environment(),
         capture_output=True,
         text=True,
         timeout=300,

@@ -5,7 +5,6 @@ checkpoint and ends with the weights of one process with 4 towers."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -18,6 +17,7 @@ import numpy as np
 import psutil
 import pytest
 import tensorflow as tf
+from fixtures_user import user_environment
 
 from towerbench.cli.main import main
 from towerbench.core.errors import TowerbenchError
@@ -99,7 +99,7 @@ def test_a_killed_worker_ends_the_run_and_the_resumed_workers_match_one_process_
     command = [sys.executable, "-m", "towerbench.cli.main", "train", "--params", str(params_file)]
     command += ["--workers", "2", "--towers", "2", "--checkpoint-dir", str(tmp_path)]
     # TensorFlow's log level left to towerbench, as a user leaves it.
-    env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    env = user_environment()
     launcher = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )

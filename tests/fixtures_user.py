@@ -1,0 +1,21 @@
+"""The environment a user runs towerbench in, for tests of what a user sees.
+
+conftest.py sets TF_CPP_MIN_LOG_LEVEL for the suite's own processes; a user's shell usually has
+none, and then towerbench's own choice (core/native_logs.py) decides what TensorFlow prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+
+def user_environment(**settings: str) -> dict[str, str]:
+    """This process's environment without TensorFlow's log level, with `settings` on top."""
+    kept = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    return {**kept, **settings}
+
+
+# What a user never sees unless they ask (TF_CPP_MIN_LOG_LEVEL, verbose=True): TensorFlow's C++
+# lines, Prefect's and MLflow's INFO lines. Warnings stay: they are meant to be seen.
+QUIET_BREACHES = re.compile(r"absl::InitializeLog|^[IWEF]\d{4} |\| INFO |INFO mlflow", re.M)
