@@ -66,4 +66,5 @@ def test_a_script_sweep_says_a_line_per_configuration_then_its_results_on_stdout
     assert len(ended) == 2 and lines[-1].startswith("Report: "), done.stdout
     assert len(lines) <= 8, done.stdout  # 2 ends, 2 results, 2 verdicts, the parent, the report
     assert not QUIET_BREACHES.search(done.stderr), done.stderr  # a warning may stay
-    assert "\r" not in done.stdout  # piped: no bar
+    assert "RuntimeWarning" not in done.stderr, done.stderr  # no un-awaited coroutine
+    assert "\r" not in done.stdout + done.stderr  # piped: no bar, nor a fragment of one
