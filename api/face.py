@@ -182,9 +182,7 @@ def advise(
             advanced={".".join(item.key): item.value for item in run.overrides},
             fresh=fresh,
         )
-    checked = result.verification
-    verdict = [] if checked is None else [f"Report: {checked.report}", checked.verdict]
-    _say([*result.lines, f"Recipe: {result.params_file}", *verdict])
+    _say(result.summary_lines())
     return result
 
 

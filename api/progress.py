@@ -27,6 +27,10 @@ class _Shown:
     """The listener of the configurations' progress (tasks/training/progress.py)."""
 
     def __init__(self, lines: bool) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tqdm.auto without ipywidgets warns (a text bar)
+            from tqdm.auto import tqdm
+        self.tqdm = tqdm
         self.lines = lines
         self.bars: dict[str, Any] = {}
         self.drawn = _in_jupyter() or sys.stdout.isatty()
@@ -34,10 +38,8 @@ class _Shown:
     def epoch(self, name: str, done: float, planned: float) -> None:
         if not self.drawn:
             return
-        from tqdm.auto import tqdm
-
         if name not in self.bars:
-            self.bars[name] = tqdm(total=planned, desc=name, unit="epoch", file=sys.stdout)
+            self.bars[name] = self.tqdm(total=planned, desc=name, unit="epoch", file=sys.stdout)
         bar = self.bars[name]
         bar.total = max(bar.total, done)  # AdaScale may train past its planned epochs
         bar.n = round(done, 2)
@@ -46,9 +48,7 @@ class _Shown:
     def finished(self, line: str) -> None:
         if not self.lines:  # Prefect's own log line says it
             return
-        from tqdm.auto import tqdm
-
-        tqdm.write(line, file=sys.stdout)  # above a terminal's bars, not through them
+        self.tqdm.write(line, file=sys.stdout)  # above a terminal's bars, not through them
 
     def close(self) -> None:
         for bar in self.bars.values():
@@ -85,9 +85,6 @@ def _third_party_quiet() -> Iterator[None]:
 @contextlib.contextmanager
 def shown_while_running(verbose: bool) -> Iterator[None]:
     """While the block runs, the configurations' bars and lines; quiet unless `verbose`."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tqdm.auto without ipywidgets warns (a text bar)
-        import tqdm.auto  # noqa: F401
     shown = _Shown(lines=not verbose)
     try:
         with listening(shown), contextlib.ExitStack() as stack:

@@ -73,14 +73,8 @@ def run_advise_command(args: argparse.Namespace) -> CommandResult:
 
 def _advised(result: Advice, failure: str | None = None) -> CommandResult:
     """The probe's lines, the recipe and the verdict (unless it is the `failure` line)."""
-    for line in result.lines:
+    for line in result.summary_lines(with_verdict=failure is None):
         print(line)
-    print(f"Recipe: {result.params_file}")
-    verification = result.verification
-    if verification is not None:
-        print(f"Report: {verification.report}")
-        if failure is None:
-            print(verification.verdict)
     return CommandResult(0 if failure is None else 1, result.model_dump(mode="json"), failure)
 
 

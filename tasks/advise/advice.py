@@ -62,6 +62,15 @@ class Advice(BaseModel):
     lines: list[str]  # what the command prints
     verification: Verification | None = None
 
+    def summary_lines(self, with_verdict: bool = True) -> list[str]:
+        """What the command and a Python call end with: the probe's and the recipe's lines,
+        where the recipe and the verification's report are, and the verdict."""
+        said = [*self.lines, f"Recipe: {self.params_file}"]
+        if self.verification is not None:
+            said.append(f"Report: {self.verification.report}")
+            said += [self.verification.verdict] if with_verdict else []
+        return said
+
 
 def probe_document(result: ProbeResult) -> dict[str, Any]:
     return {
