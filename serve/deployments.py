@@ -26,6 +26,12 @@ from towerbench.serve.telemetry import telemetry_off_unless_opted_in
 PIPELINE_DEPLOYMENT = "towerbench-pipeline"
 NIGHTLY_DEPLOYMENT = "towerbench-nightly"  # short: the deployments list cuts longer names
 ADVISE_DEPLOYMENT = "towerbench-advise"
+# Each deployment as the API names it (flow/deployment); `serve` registers them one at a time.
+SERVED_DEPLOYMENTS = (
+    f"pipeline/{PIPELINE_DEPLOYMENT}",
+    f"nightly/{NIGHTLY_DEPLOYMENT}",
+    f"advise/{ADVISE_DEPLOYMENT}",
+)
 HOST = "127.0.0.1"
 PREFECT_PORT = 4200
 MLFLOW_PORT = 5000
@@ -149,11 +155,12 @@ def server_environment() -> dict[str, str]:
 
 
 def _deployments_served(api_url: str) -> bool:
+    """Whether every deployment is registered, not only the first `serve` got to."""
     try:
-        response = httpx.get(f"{api_url}/deployments/name/nightly/{NIGHTLY_DEPLOYMENT}")
+        responses = [httpx.get(f"{api_url}/deployments/name/{name}") for name in SERVED_DEPLOYMENTS]
     except httpx.HTTPError:
         return False
-    return response.status_code == 200
+    return all(response.status_code == 200 for response in responses)
 
 
 class _Children:

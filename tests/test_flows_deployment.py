@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from towerbench.config.load import load
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.serve.deployments import SERVED_DEPLOYMENTS
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
@@ -52,9 +53,17 @@ def write_project(folder: Path) -> dict:
     return params
 
 
-PIPELINE = "pipeline/towerbench-pipeline"
-NIGHTLY = "nightly/towerbench-nightly"
-ADVISE = "advise/towerbench-advise"
+PIPELINE, NIGHTLY, ADVISE = SERVED_DEPLOYMENTS
+
+
+def _registered(client, name: str) -> bool:
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        client.read_deployment_by_name(name)
+    except ObjectNotFound:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +111,8 @@ def served_project(tmp_path_factory):
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
-            wait_until(
-                lambda: client.read_deployment_by_name(NIGHTLY) is not None,
+            wait_until(  # all of them: serve registers one at a time (CI once read advise too soon)
+                lambda: all(_registered(client, name) for name in SERVED_DEPLOYMENTS),
                 120,
                 "the served deployments",
                 processes,
