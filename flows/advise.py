@@ -32,6 +32,7 @@ from towerbench.core.outcome import NothingTrained
 from towerbench.flows.run_names import advise_run_name
 from towerbench.flows.sweep import plan_sweep, run_sweep
 from towerbench.flows.ui_lines import log_for_the_ui
+from towerbench.model.probe import ProbeResult
 from towerbench.tasks.advise.advice import (
     Advice,
     advice_data_version,
@@ -40,11 +41,11 @@ from towerbench.tasks.advise.advice import (
     probe_document,
     recipe_document,
     recipe_params,
-    start_advice_run,
     write_params_file,
 )
 from towerbench.tasks.advise.probe import ProbeRequest, measurements, probe_lines, probe_task
 from towerbench.tasks.advise.recipe import Measurements, Recipe, choose_recipe
+from towerbench.tasks.advise.resume import keep_probe, open_advice_run
 from towerbench.tasks.advise.verdict import (
     Verification,
     verification_records,
@@ -57,13 +58,14 @@ from towerbench.tasks.user_errors_log import one_line_user_errors
 
 
 def probe_and_choose(
-    params: Params, advice: AdviseConfig
-) -> tuple[ProbeRequest, Any, Measurements, Recipe, list[str]]:
-    """The probe's measurements, the recipe chosen from them, and the lines that say both."""
+    params: Params, advice: AdviseConfig, probed: ProbeResult | None = None
+) -> tuple[ProbeRequest, ProbeResult, Measurements, Recipe, list[str]]:
+    """The probe's measurements (`probed`: an interrupted attempt's probe, reused), the recipe
+    chosen from them, and the lines that say both."""
     request = ProbeRequest(
         reference_config(params), params.data.data_dir, advice.replicas, advice.probe_steps
     )
-    result = probe_task(request)
+    result = probed if probed is not None else probe_task(request)
     measured = measurements(request, result)
     recipe = choose_recipe(measured)
     lines = [
@@ -106,11 +108,13 @@ def verify_recipe(
 def advise_params(params: Params, advice: AdviseConfig, fresh: bool = False) -> Advice:
     """Probe, choose, keep and (when `advice.verify`) verify the recipe for `params`."""
     check_verifiable(advice, params)
-    run_id = start_advice_run(params, advice.replicas)
+    run_id, probed = open_advice_run(params, advice, fresh)
     claim_run(params.tracking, run_id)  # and close the runs of killed attempts
     status, verification = RunStatus.FAILED, None
     try:
-        _, result, measured, recipe, lines = probe_and_choose(params, advice)
+        _, result, measured, recipe, lines = probe_and_choose(params, advice, probed)
+        if probed is None:
+            keep_probe(params.tracking, run_id, result)
         train, grid = recipe_runs(params, advice, recipe)
         sections = recipe_params(params, train, grid)
         path = write_params_file(params.report.report_dir, run_id, sections, lines)
@@ -161,7 +165,8 @@ def advise(
         dataset: The preprocessed dataset; default: the params file's.
         params_file: The params.yaml every other setting comes from (none: the defaults).
         advanced: Any other setting, keyed as in params.yaml, e.g. {"train.base_lr": 0.05}.
-        fresh: Verify anew even if an identical verification was interrupted (default: resume).
+        fresh: Probe and verify anew even if an identical advise was interrupted (default:
+            reuse its finished probe and recipe file, resume its verification).
     """
     one_line_user_errors()
     path = Path(params_file) if params_file else None

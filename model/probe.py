@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from towerbench.config.sections import TrainConfig
 from towerbench.model.stability import UNSTABLE_LOSS_FACTOR
@@ -77,6 +78,18 @@ class ProbeResult:
     tower_devices: tuple[str, ...] = ()  # where the LR trials' towers ran
     device_kind: str | None = None  # model.devices: "physical GPU", "logical CPU", ...
     train_examples: int | None = None  # in the training split (an epoch)
+
+    @classmethod
+    def from_document(cls, document: dict[str, Any]) -> ProbeResult:
+        """The result `dataclasses.asdict` wrote (as JSON: lists for tuples; other keys, such
+        as the properties a document adds, ignored)."""
+        noise = dict(document["noise"])
+        noise["along"] = [(int(step), float(value)) for step, value in noise["along"]]
+        fields = {name: document[name] for name in cls.__dataclass_fields__ if name in document}
+        fields["noise"] = NoiseProbe(**noise)
+        fields["trials"] = [LearningRateTrial(**trial) for trial in document["trials"]]
+        fields["tower_devices"] = tuple(document.get("tower_devices", ()))
+        return cls(**fields)
 
     @property
     def step_seconds(self) -> float | None:

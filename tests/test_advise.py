@@ -22,6 +22,7 @@ from towerbench.config.load import load
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import ConfigSummary, Status, SweepResult
 from towerbench.model.probe import WINDOW, NoiseProbe, ProbeResult, divergence, probe
+from towerbench.tasks.advise.advice import probe_document
 from towerbench.tasks.advise.probe import settled_noise_scale
 from towerbench.tasks.advise.recipe import Measurements, choose_recipe
 from towerbench.tasks.advise.verdict import verify_outcome
@@ -56,6 +57,8 @@ def test_the_probe_stops_a_diverging_lr_and_tries_no_larger_one(digits_dir: Path
     assert noise.noise_scale is not None and noise.noise_scale > 0
     assert result.has_batchnorm is False
     assert len(set(result.tower_devices)) == 2  # the LR trials ran as a 2-tower run does
+    kept = json.dumps(probe_document(result))  # as the advise run keeps it, NaN losses included
+    assert json.dumps(probe_document(ProbeResult.from_document(json.loads(kept)))) == kept
 
 
 def _noise(along: list[float]) -> ProbeResult:
@@ -250,7 +253,14 @@ def test_advise_without_verification_probes_chooses_and_keeps_the_recipe(
     assert run.info.status == "FINISHED" and run.data.tags["towerbench.kind"] == "advise"
     assert "largest_stable_lr" in run.data.metrics
     artifacts = {item.path for item in client.list_artifacts(run.info.run_id)}
-    assert artifacts == {"advice.md", "advice.html", Path(document["params_file"]).name}
+    assert artifacts == {
+        "advice.md",
+        "advice.html",
+        "probe.json",
+        Path(document["params_file"]).name,
+    }
+    kept = client.download_artifacts(run.info.run_id, "probe.json", str(tmp_path))
+    assert json.loads(Path(kept).read_text()) == probe_result  # what a re-run would reuse
 
 
 @pytest.mark.slow

@@ -83,7 +83,8 @@ def _params(root: Path) -> Params:
 @flow
 def _advise_flow(params: Params, params_file: Path, verification: Verification | None) -> str:
     """What flows/advise.py does around the probe: start, keep the recipe, finish."""
-    run_id = start_advice_run(params, MEASURED.towers)
+    version = advice_data_version(Path(params.data.data_dir), params.train.dataset)
+    run_id = start_advice_run(params, MEASURED.towers, {}, version)
     lines = [*PROBE, *RECIPE.lines()]
     log_advice(params, run_id, MEASURED, RECIPE, params_file, lines, verifying=True)
     finish_advice_run(params, run_id, verification, "FINISHED")

@@ -1,9 +1,12 @@
 """`towerbench advise` killed during its probe (issue 40): every process it started ends with it
 (the probe's, the fork server, multiprocessing's resource tracker, Prefect's temporary server),
-nothing is left in the temporary folder, and the next run closes the run it left RUNNING."""
+nothing is left in the temporary folder, and the next run closes the run it left RUNNING. Killed
+again during its verification (issue 64), the same command reuses that run's finished probe and
+its recipe file, and resumes the verification."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -11,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import fixtures_model
@@ -31,7 +35,7 @@ ENDED_WITHIN_SECONDS = 15
 def _advise(project: Path, temporary: Path) -> tuple[list[str], dict[str, str]]:
     """`towerbench advise` of the project, short, with TMPDIR `temporary`: (argv, environment)."""
     command = [sys.executable, "-m", "towerbench.cli.main", "advise", "--towers", "2"]
-    command += ["--params", "params.yaml", "--no-verify", "--probe-steps", "40"]
+    command += ["--params", "params.yaml", "--seeds", "1", "--probe-steps", "40", "--json"]
     return command, dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(temporary))
 
 
@@ -54,8 +58,15 @@ def _ended(process: psutil.Process) -> bool:
         return True
 
 
-def _kill_during_the_probe(project: Path, temporary: Path) -> list[psutil.Process]:
-    """SIGKILL the command once its probe runs; what it had started."""
+def _recipe_written(project: Path) -> Callable[[psutil.Process], bool]:
+    """Whether advise has written its recipe file (its probe finished; its verification next)."""
+    return lambda command: any((project / "reports").glob("advise-*.yaml"))
+
+
+def _kill_once(
+    project: Path, temporary: Path, ready: Callable[[psutil.Process], bool]
+) -> list[psutil.Process]:
+    """SIGKILL the command once `ready(it)`; what it had started."""
     argv, environment = _advise(project, temporary)
     log = project / "advise.log"
     with open(log, "w") as stderr:
@@ -64,9 +75,9 @@ def _kill_during_the_probe(project: Path, temporary: Path) -> list[psutil.Proces
         )
     try:
         deadline = time.monotonic() + 300
-        while not _probe_started(psutil.Process(command.pid)):
+        while not ready(psutil.Process(command.pid)):
             running = command.poll() is None and time.monotonic() < deadline
-            assert running, f"no probe started: {log.read_text()[-3000:]}"
+            assert running, f"not ready to be killed: {log.read_text()[-3000:]}"
             time.sleep(0.1)
         started = psutil.Process(command.pid).children(recursive=True)
         command.send_signal(signal.SIGKILL)
@@ -86,7 +97,7 @@ def test_advise_killed_during_its_probe_leaves_nothing_and_its_run_is_closed_nex
     temporary = Path(tempfile.mkdtemp(prefix="tb-", dir="/tmp"))
     request.addfinalizer(lambda: shutil.rmtree(temporary, ignore_errors=True))
 
-    started = _kill_during_the_probe(project, temporary)
+    started = _kill_once(project, temporary, _probe_started)
     assert len(started) >= 4  # watchdog, resource tracker, fork server, probe, Prefect's server
     deadline = time.monotonic() + ENDED_WITHIN_SECONDS
     while not all(_ended(process) for process in started) and time.monotonic() < deadline:
@@ -99,18 +110,34 @@ def test_advise_killed_during_its_probe_leaves_nothing_and_its_run_is_closed_nex
     [killed] = client.search_runs(experiments, "tags.`towerbench.kind` = 'advise'")
     assert killed.info.status == "RUNNING"  # its process could not close it
 
+    # Again, killed once its probe finished and its recipe file is written: during its
+    # verification sweep.
+    _kill_once(project, temporary, _recipe_written(project))
+    advise_runs = client.search_runs(experiments, "tags.`towerbench.kind` = 'advise'")
+    [probed] = [run for run in advise_runs if run.info.run_id != killed.info.run_id]
+    kept_probe = json.loads(
+        Path(client.download_artifacts(probed.info.run_id, "probe.json", str(tmp_path))).read_text()
+    )
+
     argv, environment = _advise(project, temporary)
     rerun = subprocess.run(
         argv, cwd=project, env=environment, capture_output=True, text=True, timeout=600
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resuming advise run {probed.info.run_id}: its probe" in rerun.stderr
+    advice = json.loads(rerun.stdout)
+    assert advice["advise_run_id"] == probed.info.run_id
+    assert advice["probe"] == kept_probe  # not probed again: its timings would differ
+    assert advice["verification"]["outcome"]  # verified
+    recipe_files = sorted(path.name for path in (project / "reports").glob("advise-*.yaml"))
+    assert recipe_files == [f"advise-{probed.info.run_id[:8]}.yaml"]
     runs = {run.info.run_id: run for run in client.search_runs(experiments)}
     assert [run.info.status for run in runs.values()].count("RUNNING") == 0
     closed = runs[killed.info.run_id]
     assert closed.info.status == "KILLED"
-    replacement = closed.data.tags["towerbench.replaced_by"]
-    assert runs[replacement].data.tags["towerbench.kind"] == "advise"
-    assert runs[replacement].info.status == "FINISHED"
+    assert closed.data.tags["towerbench.replaced_by"] == probed.info.run_id
+    assert runs[probed.info.run_id].info.status == "FINISHED"
+    assert "towerbench.replaced_by" not in runs[probed.info.run_id].data.tags
     deadline = time.monotonic() + ENDED_WITHIN_SECONDS  # its watchdog empties it as it exits
     while list(temporary.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -100,6 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--fresh",
         action="store_true",
-        help="Verify anew even if an identical verification was interrupted (default: resume).",
+        help="Probe and verify anew even if an identical advise was interrupted (default: reuse "
+        "its finished probe and recipe file, resume its verification).",
     )
     parser.set_defaults(handler=run_advise_command)

@@ -157,15 +157,15 @@ def advice_data_version(data_dir: Path, dataset: str) -> str:
     return manifest_digest(data_dir, dataset)
 
 
-def start_advice_run(params: Params, towers: int) -> str:
-    """The advise run in the experiment the verification sweep logs to, with its dataset as
-    input and its data version as a sweep records them; its id."""
+def start_advice_run(params: Params, towers: int, tags: dict[str, str], version: str) -> str:
+    """The advise run (`tags` besides its kind) in the experiment the verification sweep logs
+    to, with its dataset as input and its data `version` as a sweep records them; its id."""
     tracking, dataset = params.tracking, params.train.dataset
     experiment_id = ensure_experiment(tracking, experiment_name(tracking, params.train))
     name = f"advise {dataset} {towers} towers {time.strftime('%Y-%m-%d %H:%M:%S')}"
-    run = client_for(tracking).create_run(experiment_id, run_name=name, tags={KIND_TAG: "advise"})
+    tags = {KIND_TAG: "advise", **tags}
+    run = client_for(tracking).create_run(experiment_id, run_name=name, tags=tags)
     run_id, data_dir = run.info.run_id, Path(params.data.data_dir).resolve()
-    version = advice_data_version(data_dir, dataset)
     log_params(client_for(tracking), run_id, {"data_version": version})
     log_sweep_inputs(tracking, run_id, data_dir, {dataset: version})
     return run_id
