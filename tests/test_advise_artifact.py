@@ -10,9 +10,9 @@ from pathlib import Path
 import fixtures_model
 import pytest
 import yaml
+from fixtures_servers import untraced_prefect_harness
 from mlflow.tracking import MlflowClient
 from prefect import flow
-from prefect.testing.utilities import prefect_test_harness
 
 from towerbench.config.params import Params, TrackingConfig
 from towerbench.config.sections import DataConfig, TrainConfig
@@ -110,7 +110,7 @@ def test_an_advise_flow_run_publishes_the_advice_and_records_the_sweeps_data_ver
     params = _params(tmp_path)
     params_file = tmp_path / "advise-1.yaml"
     params_file.write_text("train: {}\n")
-    with prefect_test_harness(server_startup_timeout=120):
+    with untraced_prefect_harness():
         run_id = _advise_flow(params, params_file, VERIFIED)
         pending, published = _advice_artifacts()
     reason = without_asides(RECIPE.lr_scaling.reason)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures_servers import untraced_prefect_harness
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from prefect.logging.handlers import APILogHandler
-from prefect.testing.utilities import prefect_test_harness
 
 from towerbench.core.errors import TowerbenchError
 from towerbench.flows.pipeline import pipeline
@@ -27,7 +27,7 @@ def test_a_bad_setting_fails_the_run_with_one_line_and_no_traceback(tmp_path) ->
     shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
     params = {"fetch": {"source": "digits", "name": "digits"}, "data": {"data_dir": "data"}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    with prefect_test_harness(server_startup_timeout=120):
+    with untraced_prefect_harness():
         state = pipeline(
             advanced={"train.dataset": "other"},  # not the dataset the pipeline builds
             params_file=str(tmp_path / "params.yaml"),

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from fixtures_servers import free_port, wait_until
+from fixtures_servers import free_port, untraced, wait_until
 from mlflow.tracking import MlflowClient
 
 from towerbench.config.load import load
@@ -85,7 +85,7 @@ def served_project(tmp_path_factory):
     logs.mkdir()
     server = subprocess.Popen(
         [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=environment,
+        env=untraced(environment),
         stdout=(logs / "server.log").open("w"),
         stderr=subprocess.STDOUT,
         start_new_session=True,

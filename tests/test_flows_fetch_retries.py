@@ -14,9 +14,9 @@ from uuid import UUID
 
 import pytest
 import yaml
+from fixtures_servers import untraced_prefect_harness
 from prefect import flow
 from prefect.client.orchestration import get_client
-from prefect.testing.utilities import prefect_test_harness
 
 from towerbench.config.sections import FetchConfig, PreprocessConfig
 from towerbench.core.errors import TowerbenchError
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=120):
+    with untraced_prefect_harness():
         yield
 
 

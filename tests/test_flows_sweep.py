@@ -16,9 +16,9 @@ import fixtures_model
 import mlflow
 import numpy as np
 import pytest
+from fixtures_servers import untraced_prefect_harness
 from mlflow.tracking import MlflowClient
 from prefect.settings import PREFECT_API_URL
-from prefect.testing.utilities import prefect_test_harness
 
 from towerbench.cli.main import main
 from towerbench.config.params import TrackingConfig
@@ -78,7 +78,7 @@ report: {report_dir: reports}
 
 @pytest.fixture(scope="module")
 def prefect_api_url():
-    with prefect_test_harness(server_startup_timeout=120):
+    with untraced_prefect_harness():
         yield PREFECT_API_URL.value()
 
 
