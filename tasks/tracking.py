@@ -238,15 +238,23 @@ def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> Non
         client.log_batch(run_id, params=items[start : start + 100])
 
 
-def unfinished_sweep(tracking: TrackingConfig, experiment_id: str, key: str) -> str | None:
-    """The newest parent run of sweep `key` that did not finish (crashed, killed, stopped)."""
+def newest_unfinished(
+    tracking: TrackingConfig, experiment_id: str, tag: str, value: str
+) -> Run | None:
+    """The newest run tagged `tag` = `value` that did not finish (crashed, killed, stopped)."""
     runs = client_for(tracking).search_runs(
         [experiment_id],
-        filter_string=f"tags.`{SWEEP_KEY_TAG}` = '{key}' and attributes.status != 'FINISHED'",
+        filter_string=f"tags.`{tag}` = '{value}' and attributes.status != 'FINISHED'",
         order_by=["attributes.start_time DESC"],
         max_results=1,
     )
-    return runs[0].info.run_id if runs else None
+    return runs[0] if runs else None
+
+
+def unfinished_sweep(tracking: TrackingConfig, experiment_id: str, key: str) -> str | None:
+    """The newest parent run of sweep `key` that did not finish."""
+    run = newest_unfinished(tracking, experiment_id, SWEEP_KEY_TAG, key)
+    return run.info.run_id if run is not None else None
 
 
 def sweep_children(tracking: TrackingConfig, parent_run_id: str) -> dict[str, Run]:

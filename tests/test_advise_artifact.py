@@ -29,6 +29,7 @@ from towerbench.tasks.advise.recipe import Measurements, choose_recipe
 from towerbench.tasks.advise.verdict import Verification
 from towerbench.tasks.data.check import manifest_digest
 from towerbench.tasks.data.dvc_stages import data_version, run_dvc
+from towerbench.tasks.tracking import ensure_experiment, experiment_name
 
 MEASURED = Measurements(
     towers=4, per_tower_batch=128, reference_batch=128, base_lr=0.1, epochs=4,
@@ -84,7 +85,10 @@ def _params(root: Path) -> Params:
 def _advise_flow(params: Params, params_file: Path, verification: Verification | None) -> str:
     """What flows/advise.py does around the probe: start, keep the recipe, finish."""
     version = advice_data_version(Path(params.data.data_dir), params.train.dataset)
-    run_id = start_advice_run(params, MEASURED.towers, {}, version)
+    experiment_id = ensure_experiment(
+        params.tracking, experiment_name(params.tracking, params.train)
+    )
+    run_id = start_advice_run(params, experiment_id, MEASURED.towers, {}, version)
     lines = [*PROBE, *RECIPE.lines()]
     log_advice(params, run_id, MEASURED, RECIPE, params_file, lines, verifying=True)
     finish_advice_run(params, run_id, verification, "FINISHED")

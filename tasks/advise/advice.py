@@ -40,8 +40,6 @@ from towerbench.tasks.report.publish import report_html
 from towerbench.tasks.tracking import (
     KIND_TAG,
     client_for,
-    ensure_experiment,
-    experiment_name,
     flat_params,
     log_params,
     log_sweep_inputs,
@@ -157,11 +155,13 @@ def advice_data_version(data_dir: Path, dataset: str) -> str:
     return manifest_digest(data_dir, dataset)
 
 
-def start_advice_run(params: Params, towers: int, tags: dict[str, str], version: str) -> str:
-    """The advise run (`tags` besides its kind) in the experiment the verification sweep logs
-    to, with its dataset as input and its data `version` as a sweep records them; its id."""
+def start_advice_run(
+    params: Params, experiment_id: str, towers: int, tags: dict[str, str], version: str
+) -> str:
+    """The advise run (`tags` besides its kind) in `experiment_id`, the experiment the
+    verification sweep logs to, with its dataset as input and its data `version` as a sweep
+    records them; its id."""
     tracking, dataset = params.tracking, params.train.dataset
-    experiment_id = ensure_experiment(tracking, experiment_name(tracking, params.train))
     name = f"advise {dataset} {towers} towers {time.strftime('%Y-%m-%d %H:%M:%S')}"
     tags = {KIND_TAG: "advise", **tags}
     run = client_for(tracking).create_run(experiment_id, run_name=name, tags=tags)

@@ -30,6 +30,7 @@ from towerbench.tasks.tracking import (
     client_for,
     ensure_experiment,
     experiment_name,
+    newest_unfinished,
     owner_gone,
     reopen_run,
 )
@@ -77,16 +78,11 @@ def interrupted_advice(
 ) -> Interrupted | None:
     """The newest run of advise `key` that did not finish and whose process is gone, with its
     finished probe; None when there is none, or its probe never finished."""
-    runs = client_for(tracking).search_runs(
-        [experiment_id],
-        filter_string=f"tags.`{ADVISE_KEY_TAG}` = '{key}' and attributes.status != 'FINISHED'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
-    if not runs or (runs[0].info.status == "RUNNING" and not owner_gone(runs[0])):
+    run = newest_unfinished(tracking, experiment_id, ADVISE_KEY_TAG, key)
+    if run is None or (run.info.status == "RUNNING" and not owner_gone(run)):
         return None
-    probe = _kept_probe(tracking, runs[0].info.run_id)
-    return None if probe is None else Interrupted(runs[0].info.run_id, probe)
+    probe = _kept_probe(tracking, run.info.run_id)
+    return None if probe is None else Interrupted(run.info.run_id, probe)
 
 
 def resume_advice(tracking: TrackingConfig, interrupted: Interrupted) -> None:
@@ -113,6 +109,7 @@ def open_advice_run(
     experiment_id = ensure_experiment(tracking, experiment_name(tracking, params.train))
     interrupted = None if fresh else interrupted_advice(tracking, experiment_id, key)
     if interrupted is None:
-        return start_advice_run(params, advice.replicas, {ADVISE_KEY_TAG: key}, version), None
+        tags = {ADVISE_KEY_TAG: key}
+        return start_advice_run(params, experiment_id, advice.replicas, tags, version), None
     resume_advice(tracking, interrupted)
     return interrupted.run_id, interrupted.probe
