@@ -7,7 +7,8 @@ x0.1 every 350 epochs), piecewise (x decay_factor at each boundary epoch), cosin
 at the last epoch, starting after warmup; linear after a warmup is the one-cycle shape) or
 constant.
 The optimizer's step counter is turned into epochs with `steps_per_epoch`, so a checkpointed
-step resumes the schedule exactly.
+step resumes the schedule exactly. `keras_schedule` gives the same LR at every step as Keras' own
+schedule where one fits, for a user's `model.fit` (towerbench.keras).
 """
 
 from __future__ import annotations
@@ -90,7 +91,56 @@ class StepSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return self.schedule(tf.cast(step, tf.float32) / self.steps_per_epoch)
 
     def get_config(self):
-        return {"steps_per_epoch": self.steps_per_epoch, **self.schedule.__dict__}
+        fields = {**self.schedule.__dict__}
+        fields["decay_boundaries"] = list(self.schedule.decay_boundaries)
+        return {"steps_per_epoch": self.steps_per_epoch, **fields}
+
+    @classmethod
+    def from_config(cls, config):
+        """The schedule `get_config` described (Keras' deserialize calls this)."""
+        fields = dict(config)
+        steps_per_epoch = fields.pop("steps_per_epoch")
+        fields["decay_boundaries"] = tuple(fields["decay_boundaries"])
+        return cls(EpochSchedule(**fields), steps_per_epoch)
+
+
+def keras_schedule(
+    schedule: EpochSchedule, steps_per_epoch: float
+) -> float | keras.optimizers.schedules.LearningRateSchedule:
+    """`schedule` counted in optimizer steps, as Keras' own schedule where one gives the same LR
+    at every step (a float when constant, `CosineDecay` with `warmup_target`, and without warmup
+    `PiecewiseConstantDecay`, `ExponentialDecay(staircase=True)` or `PolynomialDecay`); else a
+    `StepSchedule`."""
+    schedules = keras.optimizers.schedules
+    epoch_steps = float(steps_per_epoch)
+    warmup_steps = schedule.warmup_epochs * epoch_steps
+    decay_steps = (schedule.total_epochs - schedule.warmup_epochs) * epoch_steps
+    if schedule.decay == "cosine" and decay_steps > 0:
+        warmed = warmup_steps > 0  # the decay starts after the warmup, even a flat one
+        return schedules.CosineDecay(
+            schedule.base_lr if warmed else schedule.peak_lr,
+            decay_steps,
+            warmup_target=schedule.peak_lr if warmed else None,
+            warmup_steps=warmup_steps,
+        )
+    if warmup_steps > 0:
+        return StepSchedule(schedule, epoch_steps)
+    peak = schedule.peak_lr
+    never_drops = schedule.decay == "piecewise" and not schedule.decay_boundaries
+    if schedule.decay == "constant" or never_drops:
+        return peak
+    if schedule.decay == "piecewise":
+        # The LR drops at the first step at or after each boundary; Keras' drops after it.
+        boundaries = sorted(math.ceil(b * epoch_steps) - 1 for b in schedule.decay_boundaries)
+        values = [peak * schedule.decay_factor**drops for drops in range(len(boundaries) + 1)]
+        return schedules.PiecewiseConstantDecay(boundaries, values)
+    if schedule.decay == "staircase":
+        return schedules.ExponentialDecay(
+            peak, schedule.decay_epochs * epoch_steps, schedule.decay_factor, staircase=True
+        )
+    if schedule.decay == "linear" and decay_steps > 0:
+        return schedules.PolynomialDecay(peak, decay_steps, end_learning_rate=0.0, power=1.0)
+    return StepSchedule(schedule, epoch_steps)
 
 
 def schedule_from_config(config, global_batch: int | None = None) -> EpochSchedule:

@@ -132,3 +132,63 @@ def test_updates_budget_gives_every_run_the_reference_number_of_steps():
     four_lr = StepSchedule(schedule_from_config(four), EpochPlan(examples, 512, 4).steps)
     for step in (500, 1000, 1900):  # after the 4-tower warmup
         assert float(four_lr(step)) / 4 == pytest.approx(float(one_lr(step)), rel=0.01, abs=1e-7)
+
+
+KERAS_SCHEDULE_CASES = [
+    # (decay, warmup epochs, Keras' own schedule class expected, or None: a float LR)
+    ("cosine", 2, "CosineDecay"),
+    ("cosine", 0, "CosineDecay"),
+    ("piecewise", 0, "PiecewiseConstantDecay"),
+    ("staircase", 0, "ExponentialDecay"),
+    ("linear", 0, "PolynomialDecay"),
+    ("constant", 0, None),
+    ("linear", 2, "StepSchedule"),
+    ("piecewise", 1.5, "StepSchedule"),
+    ("staircase", 2, "StepSchedule"),
+    ("constant", 2, "StepSchedule"),
+]
+
+
+def _lr_at(learning_rate, step: int) -> float:
+    return float(learning_rate(step)) if callable(learning_rate) else float(learning_rate)
+
+
+@pytest.mark.parametrize(("decay", "warmup", "kind"), KERAS_SCHEDULE_CASES)
+def test_the_keras_schedule_gives_the_trainers_lr_at_every_step_and_survives_serialization(
+    decay, warmup, kind
+):
+    """What a user's `model.fit` gets (towerbench.keras) against what the trainer follows: the
+    same LR at every step, before and after `keras.optimizers.serialize`/`deserialize` through
+    JSON; a boundary at a fractional step (2.5 epochs x 7 steps) drops where the trainer's does."""
+    import json
+
+    import keras
+
+    from towerbench.model.schedules import keras_schedule
+
+    config = TrainConfig(
+        dataset="cifar10",
+        towers=4,
+        global_batch=512,
+        epochs=8,
+        lr_scaling="linear",
+        warmup_epochs=warmup,
+        decay=decay,
+        decay_epochs=3,
+        decay_boundaries=[5, 2.5],
+    )
+    steps_per_epoch = 7
+    trainers = StepSchedule(schedule_from_config(config), steps_per_epoch)
+    exported = keras_schedule(schedule_from_config(config), steps_per_epoch)
+    assert (type(exported).__name__ if kind else None) == (kind or None)
+    assert kind is not None or isinstance(exported, float)
+    document = json.dumps(keras.optimizers.serialize(keras.optimizers.SGD(exported)))
+    restored = keras.optimizers.deserialize(json.loads(document))._learning_rate
+    steps = range(8 * steps_per_epoch + 3)
+    expected = [_lr_at(trainers, step) for step in steps]
+    # float32 rounding of the peak: near a cosine's end 1 + cos(pi x) loses digits in both.
+    rounding = 1e-7 * trainers.schedule.peak_lr
+    for learning_rate in (exported, restored):
+        np.testing.assert_allclose(
+            [_lr_at(learning_rate, step) for step in steps], expected, rtol=2e-6, atol=rounding
+        )
