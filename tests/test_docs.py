@@ -27,6 +27,7 @@ DOCS = (
     "docs/findings.md",
     "docs/setup.md",
     "docs/faults.md",
+    "docs/keras.md",
 )
 
 

@@ -20,6 +20,7 @@ from prefect.context import FlowRunContext
 from pydantic import BaseModel
 
 from towerbench.config.params import Params, SweepGrid
+from towerbench.config.recipe_file import recipe_file_text
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.files import write_atomically
@@ -114,11 +115,7 @@ def write_params_file(
     """DIR/advise-<id>.yaml, whole or not at all, the recipe's reasons as its header."""
     path = Path(folder) / f"advise-{run_id[:8]}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = [f"# towerbench advise (MLflow run {run_id}): the recipe, each choice and why."]
-    header += [f"#   {line}" for line in lines]
-    header.append("# `towerbench sweep --params THIS_FILE` runs its verification again.")
-    text = "\n".join(header) + "\n" + yaml.safe_dump(sections, sort_keys=False)
-    write_atomically(path, text.encode())
+    write_atomically(path, recipe_file_text(run_id, sections, lines).encode())
     return path
 
 

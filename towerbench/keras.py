@@ -1,0 +1,20 @@
+"""Take the recipe home: what `towerbench advise` found, as Keras objects for your own
+`model.fit` under `tf.distribute.MirroredStrategy` (docs/keras.md).
+
+    import towerbench.keras
+
+    recipe = towerbench.keras.recipe("reports/advise-1a2b3c4d.yaml", train_examples=50_000)
+    with tf.distribute.MirroredStrategy().scope():
+        model = build()
+        model.compile(optimizer=recipe.optimizer, loss=..., metrics=[...])
+    model.fit(train.batch(recipe.global_batch), epochs=recipe.epochs, callbacks=recipe.callbacks)
+
+Pure TensorFlow and Keras: importing it starts no Prefect, MLflow or DVC.
+"""
+
+from __future__ import annotations
+
+from towerbench.config.recipe_file import RecipeChoice
+from towerbench.model.keras_recipe import KerasRecipe, StopAtStep, recipe
+
+__all__ = ["KerasRecipe", "RecipeChoice", "StopAtStep", "recipe"]
