@@ -50,7 +50,9 @@ in both cases r is exactly 1 and tau counts steps, so the LR schedule sees the s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -85,11 +87,25 @@ class AdaScaleState:
     tau: float
 
 
+def new_tf_variable(name: str, value: float, dtype: tf.DType) -> tf.Variable:
+    """A state variable of the step; one value whatever the replica (updated identically on
+    each, from all-reduced numbers, so a distribution strategy keeps the first replica's)."""
+    return tf.Variable(
+        value,
+        trainable=False,
+        dtype=dtype,
+        name=name,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    )
+
+
 class AdaScale(tf.Module):
     """The gain's moving averages and tau, updated inside the training step.
 
     Per step, before the optimizer applies the update: `update(small, big, global_batch)` (the
-    LR schedule then reads `gain` and `tau`); after it: `advance()` (tau += gain).
+    LR schedule then reads `gain` and `tau`); after it: `advance()` (tau += gain). Its variables
+    come from `new_variable` (the Keras wrapper, model/keras_adascale.py, makes them the
+    optimizer's own).
     """
 
     def __init__(
@@ -99,6 +115,7 @@ class AdaScale(tf.Module):
         replicas: int,
         smoothing: float | None = None,
         name: str = "adascale",
+        new_variable: Callable[[str, float, tf.DType], Any] = new_tf_variable,
     ):
         super().__init__(name=name)
         if min(reference_batch, global_batch, replicas) < 1:
@@ -114,12 +131,12 @@ class AdaScale(tf.Module):
             raise ValueError(f"smoothing must be in [0, 1), got {self.smoothing}")
         # Biased averages of tr(Sigma) (per example) and |mu|^2, and the average of 1 that
         # removes their bias towards the initial 0.
-        self.trace_average = tf.Variable(0.0, trainable=False, name="trace_average")
-        self.mu_sq_average = tf.Variable(0.0, trainable=False, name="mu_sq_average")
-        self.weight = tf.Variable(0.0, trainable=False, name="weight")
-        self.gain = tf.Variable(1.0, trainable=False, name="gain")
+        self.trace_average = new_variable("trace_average", 0.0, tf.float32)
+        self.mu_sq_average = new_variable("mu_sq_average", 0.0, tf.float32)
+        self.weight = new_variable("weight", 0.0, tf.float32)
+        self.gain = new_variable("gain", 1.0, tf.float32)
         # float64: adding gains of 1 stays exact far beyond any run's step count.
-        self.tau = tf.Variable(0.0, trainable=False, dtype=tf.float64, name="tau")
+        self.tau = new_variable("tau", 0.0, tf.float64)
 
     def scale(self, global_batch: int) -> float:
         """S = B / b0 of a step with `global_batch` examples."""

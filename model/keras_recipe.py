@@ -1,12 +1,14 @@
 """A recipe `towerbench advise` wrote, as Keras objects for a user's own `model.fit` under
-`tf.distribute.MirroredStrategy` (or `MultiWorkerMirroredStrategy`): the optimizer with the
-recipe's scaled LR, warmup and decay as a Keras schedule and its hyperparameters after the
-scaling rule, the epochs its budget gives, the global batch, and the callbacks it needs.
+`tf.distribute.MirroredStrategy`: the optimizer with the recipe's scaled LR, warmup and decay
+as a Keras schedule and its hyperparameters after the scaling rule, the epochs its budget
+gives, the global batch, and the callbacks it needs.
 
 The optimizer is built exactly as the trainer builds the recipe's K-tower run (the same
 TrainConfig from the recipe file's sweep, model.optimizers.build_optimizer, the schedule counted
 in the same steps per epoch), so a `fit` that feeds it batches of `global_batch` examples
-follows the LR the trainer followed at every step.
+follows the LR the trainer followed at every step. Under `lr_scaling: adascale` it is wrapped in
+AdaScale (model/keras_adascale.py) over the reference batch's schedule, and AdaScaleProgress
+ends `fit` at the trainer's budget of progress.
 """
 
 from __future__ import annotations
@@ -21,10 +23,17 @@ import keras
 from towerbench.config.advise import verification_configs
 from towerbench.config.load import load
 from towerbench.config.model_ref import BUILTIN_MODELS
+from towerbench.config.optimizers import adascale_power
 from towerbench.config.recipe_file import RecipeChoice, recipe_choices
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.model.adascale import (
+    ScaleInvariantBudget,
+    reference_schedule,
+    reference_steps_per_epoch,
+)
 from towerbench.model.input_pipeline import EpochPlan
+from towerbench.model.keras_adascale import AdaScale, AdaScaleProgress
 from towerbench.model.optimizers import build_optimizer
 from towerbench.model.schedules import keras_schedule, schedule_from_config
 
@@ -51,7 +60,7 @@ class KerasRecipe:
 
     config: TrainConfig
     learning_rate: float | keras.optimizers.schedules.LearningRateSchedule
-    epochs: int
+    epochs: int  # whole epochs for fit; the callbacks end it at `steps` (adascale: at tau)
     steps: int
     steps_per_epoch: int
     global_batch: int
@@ -65,7 +74,15 @@ class KerasRecipe:
     def optimizer(self) -> keras.optimizers.Optimizer:
         """The recipe's optimizer, built where it is first asked for: inside
         `strategy.scope()`, as Keras needs for its variables."""
-        return build_optimizer(self.config, self.learning_rate)
+        optimizer = build_optimizer(self.config, self.learning_rate)
+        if self.config.lr_scaling != "adascale":
+            return optimizer
+        return AdaScale(
+            optimizer,
+            self.config.reference_batch,
+            self.config.global_batch,
+            power=adascale_power(self.config.optimizer),
+        )
 
     def lines(self) -> list[str]:
         """What the recipe sets, and why: one line each."""
@@ -89,39 +106,71 @@ def recipe(params_file: str | Path, train_examples: int) -> KerasRecipe:
         raise TowerbenchError(f"train_examples: at least 1 example, got {train_examples}")
     config = _recipe_run(path)
     plan = EpochPlan(train_examples, config.global_batch, config.replicas, config.workers)
-    if config.lr_scaling == "adascale":
-        raise TowerbenchError(
-            f"{path}: an adascale recipe needs towerbench.keras.AdaScale, not yet exported"
-        )
-    learning_rate = keras_schedule(schedule_from_config(config), plan.steps)
-    steps = max(round(config.epochs * plan.steps), 1)
-    epochs = math.ceil(steps / plan.steps)
-    callbacks: list[keras.callbacks.Callback] = []
-    notes: list[str] = []
-    if steps != epochs * plan.steps:
-        callbacks.append(StopAtStep(steps))
-        notes.append(
-            f"StopAtStep({steps}): the budget is {config.epochs:g} epochs, fit counts whole ones"
-        )
+    budget = (
+        _adascale_budget(config, plan, train_examples)
+        if config.lr_scaling == "adascale"
+        else _epochs_budget(config, plan)
+    )
     if config.l2_weight_decay and config.model in BUILTIN_MODELS:
-        notes.append(
+        budget.notes.append(
             f"weight decay {config.l2_weight_decay:g} on tf.nn.l2_loss of {config.model}'s "
             "kernels: in your model, keras.regularizers.L2("
             f"{config.l2_weight_decay / 2:g}) on the same kernels"
         )
     return KerasRecipe(
         config=config,
-        learning_rate=learning_rate,
-        epochs=epochs,
-        steps=steps,
+        learning_rate=budget.learning_rate,
+        epochs=math.ceil(budget.steps / plan.steps),
+        steps=budget.steps,
         steps_per_epoch=plan.steps,
         global_batch=config.global_batch,
         replicas=config.replicas,
-        callbacks=callbacks,
+        callbacks=budget.callbacks,
         reasons=reasons,
         advise_run_id=run_id,
-        notes=notes,
+        notes=budget.notes,
     )
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """The LR a recipe's optimizer follows, the steps it makes (at most, under adascale), and
+    the callbacks that end `fit` there, each with a note."""
+
+    learning_rate: float | keras.optimizers.schedules.LearningRateSchedule
+    steps: int
+    callbacks: list[keras.callbacks.Callback]
+    notes: list[str]
+
+
+def _epochs_budget(config: TrainConfig, plan: EpochPlan) -> _Budget:
+    """The configured epochs' steps, the schedule counted in them; StopAtStep when they are
+    not whole epochs."""
+    steps = max(round(config.epochs * plan.steps), 1)
+    learning_rate = keras_schedule(schedule_from_config(config), plan.steps)
+    if steps % plan.steps == 0:
+        return _Budget(learning_rate, steps, [], [])
+    note = f"StopAtStep({steps}): the budget is {config.epochs:g} epochs, fit counts whole ones"
+    return _Budget(learning_rate, steps, [StopAtStep(steps)], [note])
+
+
+def _adascale_budget(config: TrainConfig, plan: EpochPlan, examples: int) -> _Budget:
+    """The reference batch's schedule in its own steps (AdaScale reads it at tau), and
+    AdaScaleProgress ending `fit` when tau reaches the reference's steps."""
+    reference = reference_schedule(config.base_lr, schedule_from_config(config))
+    learning_rate = keras_schedule(
+        reference, reference_steps_per_epoch(examples, config.reference_batch)
+    )
+    budget = ScaleInvariantBudget.of(
+        config.epochs, examples, config.reference_batch, config.global_batch
+    )
+    steps = budget.reference_steps
+    note = (
+        f"AdaScaleProgress({steps}): AdaScale ends when its progress tau reaches the reference's "
+        f"{steps:,} steps, after {math.ceil(steps / budget.max_gain):,} to {steps:,} steps at "
+        f"batch {config.global_batch}"
+    )
+    return _Budget(learning_rate, steps, [AdaScaleProgress(steps)], [note])
 
 
 def _recipe_run(path: Path) -> TrainConfig:

@@ -1,9 +1,12 @@
-"""Shared pieces of the model tests: tiny TFRecord datasets of the real digits, and how many
-logical CPU devices the test session has (conftest.py asks for them)."""
+"""Shared pieces of the model tests: tiny TFRecord datasets of the real digits, how many
+logical CPU devices the test session has (conftest.py asks for them), and the one
+MirroredStrategy over them."""
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from sklearn.datasets import load_digits
@@ -12,6 +15,16 @@ from towerbench.core.tfrecord_format import dataset_dir
 from towerbench.ingest.write_records import write_dataset
 
 LOGICAL_CPUS = 4
+
+
+@cache
+def mirrored_strategy() -> Any:
+    """One MirroredStrategy over the logical CPUs for the whole process: a second one over the
+    same devices reuses its collectives' instance keys and fails on the first all-reduce of
+    another shape (tensorflow/tensorflow#62790)."""
+    import tensorflow as tf
+
+    return tf.distribute.MirroredStrategy([f"/cpu:{index}" for index in range(LOGICAL_CPUS)])
 
 
 def write_digits(

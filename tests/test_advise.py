@@ -22,7 +22,6 @@ from towerbench.config.advise import AdviseConfig, verification_configs
 from towerbench.config.grid import expand
 from towerbench.config.load import load
 from towerbench.config.sections import TrainConfig
-from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import ConfigSummary, Status, SweepResult
 from towerbench.model.probe import WINDOW, NoiseProbe, ProbeResult, divergence, probe
 from towerbench.tasks.advise.advice import probe_document
@@ -217,17 +216,16 @@ def _check_recipe_file(document: dict) -> None:
 
 def _check_keras_recipe(path: Path, recipe: dict) -> None:
     """towerbench.keras reads the file back: 2 towers of 32, the advice's choices and reasons,
-    the predicted steps (480 examples, 8 steps an epoch)."""
-    if recipe["lr_scaling"]["value"] == "adascale":
-        with pytest.raises(TowerbenchError, match="needs towerbench.keras.AdaScale"):
-            towerbench.keras.recipe(path, train_examples=480)
-        return
+    the predicted steps (480 examples, 8 steps an epoch; under adascale, the reference's 30
+    as the progress that ends it)."""
     taken = towerbench.keras.recipe(path, train_examples=480)
     assert (taken.global_batch, taken.replicas, taken.steps_per_epoch) == (64, 2, 8)
     assert taken.reasons["scaling"].value == recipe["lr_scaling"]["value"]
     assert taken.reasons["budget"].reason == recipe["budget"]["reason"]
-    if "prediction" in recipe:
-        assert taken.steps == recipe["prediction"]["steps"]
+    adascale = recipe["lr_scaling"]["value"] == "adascale"
+    assert isinstance(taken.optimizer, towerbench.keras.AdaScale) == adascale
+    predicted = recipe["prediction"]["reference_steps" if adascale else "steps"]
+    assert taken.steps == predicted
 
 
 @pytest.mark.slow

@@ -20,7 +20,9 @@ from towerbench.config.load import load
 from towerbench.config.params import Params
 from towerbench.core.errors import TowerbenchError
 from towerbench.flows.advise import recipe_runs
+from towerbench.model.adascale import reference_schedule
 from towerbench.model.input_pipeline import EpochPlan
+from towerbench.model.keras_adascale import AdaScaleProgress
 from towerbench.model.schedules import StepSchedule, schedule_from_config
 from towerbench.tasks.advise.advice import recipe_params, write_params_file
 from towerbench.tasks.advise.recipe import Measurements, choose_recipe
@@ -29,10 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = 1000
 
 
-def _recipe_file(folder: Path, optimizer: str, values: dict[str, float]) -> Path:
+def _recipe_file(
+    folder: Path, optimizer: str, values: dict[str, float], noise_scale: float = 1000.0
+) -> Path:
     """The file advise writes for 4 towers of 32 against 1 tower of 32, from a probe that
-    measured a noise scale of 1,000: a gain of 3.7, linear (sqrt for Adam), and a noise budget
-    of 3.28 epochs."""
+    measured `noise_scale`: at 1,000 a gain of 3.7, linear (sqrt for Adam), and a noise budget
+    of 3.28 epochs; at 200 a gain of 2.8, far from either rule: adascale."""
     train = {"dataset": "digits", "epochs": 3, "reference_batch": 32, "decay": "constant"}
     train |= {"optimizer": optimizer, "base_lr": 0.05, "weight_decay": 0.0, **values}
     params = Params.model_validate({"train": train, "sweep": {"per_tower_batch": 32}})
@@ -43,7 +47,7 @@ def _recipe_file(folder: Path, optimizer: str, values: dict[str, float]) -> Path
         base_lr=0.05,
         epochs=3,
         has_batchnorm=False,
-        noise_scale=1000.0,
+        noise_scale=noise_scale,
         largest_stable_lr=10.0,
         decay="constant",
         optimizer=optimizer,
@@ -54,6 +58,10 @@ def _recipe_file(folder: Path, optimizer: str, values: dict[str, float]) -> Path
     train_config, grid = recipe_runs(params, AdviseConfig(towers=4), recipe)
     sections = recipe_params(params, train_config, grid)
     return write_params_file(folder, "0123456789abcdef", sections, recipe.lines())
+
+
+def _lr_at(learning_rate, step: float) -> float:
+    return float(learning_rate(step)) if callable(learning_rate) else float(learning_rate)
 
 
 def _trainers_run(path: Path):
@@ -82,9 +90,10 @@ def test_the_recipe_is_the_trainers_k_tower_run_as_keras_objects(
     assert recipe.epochs == -(-recipe.steps // plan.steps)
     assert [type(c).__name__ for c in recipe.callbacks] == ["StopAtStep"]
     assert recipe.callbacks[0].steps == recipe.steps
-    learning_rate = recipe.optimizer._learning_rate
     for step in range(recipe.steps + 2):
-        assert float(learning_rate(step)) == pytest.approx(float(trainers_lr(step)), rel=1e-6)
+        assert _lr_at(recipe.learning_rate, step) == pytest.approx(
+            float(trainers_lr(step)), rel=1e-6
+        )
     effective = config.optimizer_hyperparameters().items()
     assert effective and all(
         float(getattr(recipe.optimizer, name)) == pytest.approx(value)
@@ -114,15 +123,9 @@ def test_what_is_not_a_recipe_is_refused_in_one_line(tmp_path: Path) -> None:
             towerbench.keras.recipe(path, train_examples=wrong)  # type: ignore[arg-type]
 
 
-@pytest.mark.slow
-def test_fit_under_mirrored_strategy_follows_the_recipe_to_its_last_step(tmp_path: Path) -> None:
-    """A user's `fit` on 4 logical CPUs with the recipe: it stops at the recipe's step count,
-    its LR there is the trainer's, and the model learns."""
-    path = _recipe_file(tmp_path, "momentum", {"momentum": 0.9})
-    recipe = towerbench.keras.recipe(path, train_examples=EXAMPLES)
-    strategy = tf.distribute.MirroredStrategy(
-        [f"/cpu:{index}" for index in range(fixtures_model.LOGICAL_CPUS)][:4]
-    )
+def _fit(recipe: towerbench.keras.KerasRecipe) -> tuple[keras.Model, keras.callbacks.History]:
+    """A user's `fit` on 4 logical CPUs with the recipe, on a task a linear model can learn."""
+    strategy = fixtures_model.mirrored_strategy()
     rng = np.random.default_rng(0)
     features = rng.normal(size=(EXAMPLES, 8)).astype("float32")
     labels = (features[:, 0] + features[:, 1] > 0).astype("int32")
@@ -135,6 +138,16 @@ def test_fit_under_mirrored_strategy_follows_the_recipe_to_its_last_step(tmp_pat
         )
     data = tf.data.Dataset.from_tensor_slices((features, labels)).batch(recipe.global_batch)
     history = model.fit(data, epochs=recipe.epochs, callbacks=recipe.callbacks, verbose=0)
+    return model, history
+
+
+@pytest.mark.slow
+def test_fit_under_mirrored_strategy_follows_the_recipe_to_its_last_step(tmp_path: Path) -> None:
+    """A user's `fit` on 4 logical CPUs with the recipe: it stops at the recipe's step count,
+    its LR there is the trainer's, and the model learns."""
+    path = _recipe_file(tmp_path, "momentum", {"momentum": 0.9})
+    recipe = towerbench.keras.recipe(path, train_examples=EXAMPLES)
+    model, history = _fit(recipe)
     assert int(model.optimizer.iterations.numpy()) == recipe.steps
     _, _, trainers_lr = _trainers_run(path)
     assert float(model.optimizer.learning_rate) == pytest.approx(
@@ -157,3 +170,37 @@ def test_towerbench_keras_imports_no_orchestration_library() -> None:
         check=True,
     )
     assert json.loads(completed.stdout.splitlines()[-1]) == []
+
+
+def test_an_adascale_recipe_wraps_the_optimizer_and_ends_at_the_trainers_progress(
+    tmp_path: Path,
+) -> None:
+    path = _recipe_file(tmp_path, "momentum", {"momentum": 0.9}, noise_scale=200.0)
+    recipe = towerbench.keras.recipe(path, train_examples=EXAMPLES)
+    config, plan, _ = _trainers_run(path)
+    assert config.lr_scaling == "adascale" and recipe.reasons["scaling"].value == "adascale"
+    # The reference: 1 tower of 32 for 3 epochs, 32 steps an epoch (1000 examples).
+    assert recipe.steps == 3 * 32 and recipe.epochs == -(-recipe.steps // plan.steps)
+    (progress,) = recipe.callbacks
+    assert isinstance(progress, AdaScaleProgress) and progress.reference_steps == recipe.steps
+    optimizer = recipe.optimizer
+    assert isinstance(optimizer, towerbench.keras.AdaScale) and optimizer.power == 1.0
+    assert (optimizer.reference_batch, optimizer.global_batch) == (32, 128)
+    trainers = reference_schedule(config.base_lr, schedule_from_config(config))
+    exported = optimizer.inner_optimizer._learning_rate.schedule
+    for tau in range(recipe.steps + 1):  # the reference schedule, read at tau
+        assert _lr_at(exported, tau) == pytest.approx(float(trainers(tau / 32)), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_fit_with_an_adascale_recipe_ends_when_tau_reaches_the_reference_steps(
+    tmp_path: Path,
+) -> None:
+    path = _recipe_file(tmp_path, "momentum", {"momentum": 0.9}, noise_scale=200.0)
+    recipe = towerbench.keras.recipe(path, train_examples=EXAMPLES)
+    model, history = _fit(recipe)
+    progress = history.history["adascale_progress"]
+    assert progress[-1] >= recipe.steps > progress[-1] - 4  # stopped at the first step past it
+    steps = int(model.optimizer.iterations.numpy())
+    assert recipe.steps / 4 <= steps < recipe.steps  # gains between 1 and S = 4, not all 1
+    assert all(1.0 <= gain <= 4.0 for gain in history.history["adascale_gain"])

@@ -9,12 +9,15 @@
         model.compile(optimizer=recipe.optimizer, loss=..., metrics=[...])
     model.fit(train.batch(recipe.global_batch), epochs=recipe.epochs, callbacks=recipe.callbacks)
 
+`AdaScale(optimizer, reference_batch=b0, global_batch=B)` wraps any Keras optimizer in AdaScale
+(AdamScale for adaptive ones); `AdaScaleProgress` logs its gain and progress to History.
 Pure TensorFlow and Keras: importing it starts no Prefect, MLflow or DVC.
 """
 
 from __future__ import annotations
 
 from towerbench.config.recipe_file import RecipeChoice
+from towerbench.model.keras_adascale import AdaScale, AdaScaleProgress
 from towerbench.model.keras_recipe import KerasRecipe, StopAtStep, recipe
 
-__all__ = ["KerasRecipe", "RecipeChoice", "StopAtStep", "recipe"]
+__all__ = ["AdaScale", "AdaScaleProgress", "KerasRecipe", "RecipeChoice", "StopAtStep", "recipe"]

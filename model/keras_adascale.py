@@ -1,0 +1,256 @@
+"""AdaScale (Johnson et al. 2020; model/adascale.py holds its estimator) as a Keras optimizer
+wrapper for `model.fit` under `tf.distribute.MirroredStrategy`, like Keras' own
+`LossScaleOptimizer`: `AdaScale(inner_optimizer, reference_batch=b0, global_batch=B)`.
+
+The inner optimizer's learning rate is read as the reference batch's schedule, counted in
+reference steps. Each step the wrapper
+1. sums the replicas' gradients itself, together with their squared norms, in one all-reduce
+   (Keras scales each replica's loss by 1/R, so a replica's gradient is 1/R of its local mean);
+2. folds the step's estimates into AdaScale's averages and sets the gain r;
+3. lets the inner optimizer apply the summed gradients at the LR schedule(tau) x r^power
+   (power 1 for SGD-like optimizers, 1/2 for adaptive ones: AdamScale). The inner optimizer sums
+   over the replicas again; the wrapper hands it the summed gradients on the first replica and
+   zeros on the others, so that sum is exact;
+4. advances the progress tau by r.
+`gain` and `progress` are the wrapper's variables; `AdaScaleProgress` logs them to the fit's
+History and ends `fit` when tau reaches the reference's number of steps.
+
+Where it differs from towerbench's trainer: the gradients include the loss's regularization
+terms (the trainer measures the data gradients only), and a short last batch counts as a full
+one (batch with `drop_remainder=True` for the trainer's accounting).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from towerbench.model.adascale import AdaScale as AdaScaleState
+
+# Optimizers that divide the step by a running gradient scale: AdaScale's gain enters their LR
+# to the power 1/2 (config/optimizers.py:adascale_power, for the trainer's).
+ADAPTIVE = (
+    keras.optimizers.Adam,
+    keras.optimizers.AdamW,
+    keras.optimizers.Adamax,
+    keras.optimizers.Nadam,
+    keras.optimizers.RMSprop,
+    keras.optimizers.Adagrad,
+    keras.optimizers.Adadelta,
+    keras.optimizers.Adafactor,
+    keras.optimizers.Lamb,
+)
+
+
+@keras.saving.register_keras_serializable(package="towerbench")
+class ProgressSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """The reference schedule at AdaScale's progress tau (not at the step), times its gain to
+    `power`; before an AdaScale is linked, the reference schedule at the step."""
+
+    def __init__(self, schedule: float | keras.optimizers.schedules.LearningRateSchedule, power):
+        self.schedule = schedule
+        self.power = float(power)
+        self.state: AdaScaleState | None = None
+
+    def __call__(self, step):
+        if self.state is None:
+            return self._reference(step)
+        tau = tf.cast(self.state.tau, tf.float32)
+        return self._reference(tau) * tf.cast(self.state.gain, tf.float32) ** self.power
+
+    def _reference(self, step):
+        if callable(self.schedule):
+            return tf.cast(self.schedule(step), tf.float32)
+        return tf.constant(self.schedule, tf.float32)
+
+    def get_config(self):
+        schedule = self.schedule
+        if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            schedule = keras.optimizers.schedules.serialize(schedule)
+        return {"schedule": schedule, "power": self.power}
+
+    @classmethod
+    def from_config(cls, config):
+        schedule = config["schedule"]
+        if isinstance(schedule, dict):
+            schedule = keras.optimizers.schedules.deserialize(schedule)
+        return cls(schedule, config["power"])
+
+
+@keras.saving.register_keras_serializable(package="towerbench")
+class AdaScale(keras.optimizers.Optimizer):
+    """`inner_optimizer` with AdaScale's gain on its LR and its schedule at the progress tau;
+    `inner_optimizer`'s learning rate is the reference batch `reference_batch`'s, in its steps."""
+
+    def __init__(
+        self,
+        inner_optimizer: keras.optimizers.Optimizer,
+        reference_batch: int,
+        global_batch: int,
+        power: float | None = None,
+        smoothing: float | None = None,
+        name: str = "adascale",
+    ):
+        if min(reference_batch, global_batch) < 1:
+            raise ValueError(
+                f"reference_batch ({reference_batch}) and global_batch ({global_batch}) "
+                "must be >= 1"
+            )
+        super().__init__(learning_rate=0.0, name=name)
+        self.inner_optimizer = inner_optimizer
+        self.reference_batch = reference_batch
+        self.global_batch = global_batch
+        self.power = (
+            (0.5 if isinstance(inner_optimizer, ADAPTIVE) else 1.0) if power is None else power
+        )
+        self.smoothing = smoothing
+        reference = inner_optimizer.get_config()["learning_rate"]
+        if isinstance(reference, dict):
+            reference = keras.optimizers.schedules.deserialize(reference)
+        if isinstance(reference, ProgressSchedule):  # deserialized from an AdaScale's config
+            reference = reference.schedule
+        self.schedule = ProgressSchedule(reference, self.power)
+        inner_optimizer.learning_rate = self.schedule
+        self.state: AdaScaleState | None = None
+
+    def build(self, var_list):
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        self.state = AdaScaleState(
+            self.reference_batch,
+            self.global_batch,
+            replicas,
+            self.smoothing,
+            new_variable=self._new_variable,
+        )
+        self.schedule.state = self.state
+        self.inner_optimizer.build(var_list)
+        super().build(var_list)
+
+    def _new_variable(self, name: str, value: float, dtype: tf.DType) -> keras.Variable:
+        return self.add_variable(
+            shape=(),
+            dtype=dtype.name,
+            initializer=keras.initializers.Constant(value),
+            aggregation="only_first_replica",
+            name=name,
+        )
+
+    @property
+    def variables(self):
+        return self._variables + self.inner_optimizer.variables
+
+    @property
+    def gain(self) -> keras.Variable:
+        """This step's gain r (1 before the first step)."""
+        return self._built_state().gain
+
+    @property
+    def progress(self) -> keras.Variable:
+        """tau: the progress in reference steps, the sum of the gains."""
+        return self._built_state().tau
+
+    def _built_state(self) -> AdaScaleState:
+        if self.state is None:
+            raise ValueError("AdaScale is built by its first step (or build(variables))")
+        return self.state
+
+    def apply(self, grads, trainable_variables=None):
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        state = self._built_state()
+        replica = tf.distribute.get_replica_context()
+        replicas = 1 if replica is None else replica.num_replicas_in_sync
+        if replicas > 1:
+            grads = self._measured_sum(grads, replica, state)
+        else:
+            state.update(tf.constant(0.0), tf.constant(0.0), self.global_batch)
+        self.inner_optimizer.apply(grads, trainable_variables)
+        state.advance()
+
+    def _measured_sum(self, grads: list, replica: Any, state: AdaScaleState) -> list:
+        """The replicas' gradients summed (on the first replica; zeros on the others), after
+        their norms set this step's gain."""
+        replicas = replica.num_replicas_in_sync
+        present = [tf.convert_to_tensor(g) for g in grads if g is not None]
+        own = tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in present])
+        reduced = replica.all_reduce(
+            tf.distribute.ReduceOp.SUM, {"gradients": present, "norm_sq": own}
+        )
+        summed = reduced["gradients"]
+        # Each replica's gradient is 1/R of its local mean g_t: the mean of |g_t|^2 over the
+        # replicas is R x the sum of the squared norms, |mean_t g_t|^2 the summed gradient's.
+        small = replicas * reduced["norm_sq"]
+        big = tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in summed])
+        state.update(small, big, self.global_batch)
+        first = tf.equal(replica.replica_id_in_sync_group, 0)
+        kept = iter(summed)
+        return [None if g is None else tf.where(first, next(kept), tf.zeros_like(g)) for g in grads]
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        del learning_rate
+        raise TypeError("AdaScale's learning rate is its inner optimizer's schedule at tau")
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    def finalize_variable_values(self, var_list):
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.optimizers.serialize(self.inner_optimizer),
+            "reference_batch": self.reference_batch,
+            "global_batch": self.global_batch,
+            "power": self.power,
+            "smoothing": self.smoothing,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.optimizers.deserialize(
+            config.pop("inner_optimizer"), custom_objects=custom_objects
+        )
+        return cls(inner, **config)
+
+
+class AdaScaleProgress(keras.callbacks.Callback):
+    """Logs AdaScale's `adascale_gain` and `adascale_progress` (tau) each epoch to the fit's
+    History and, given `reference_steps`, ends `fit` once tau reaches them (the reference
+    configuration's number of steps: the trainer's scale-invariant budget)."""
+
+    def __init__(self, reference_steps: int | None = None):
+        super().__init__()
+        self.reference_steps = reference_steps
+
+    def _adascale(self) -> AdaScale:
+        optimizer = self.model.optimizer
+        while not isinstance(optimizer, AdaScale):
+            optimizer = getattr(optimizer, "inner_optimizer", None)
+            if optimizer is None:
+                raise ValueError("AdaScaleProgress needs a model compiled with AdaScale")
+        return optimizer
+
+    def on_train_batch_end(self, batch, logs=None):
+        del batch, logs
+        if self.reference_steps is not None:
+            if float(self._adascale().progress.numpy()) >= self.reference_steps:
+                self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        del epoch
+        if logs is not None:
+            adascale = self._adascale()
+            logs["adascale_gain"] = float(adascale.gain.numpy())
+            logs["adascale_progress"] = float(adascale.progress.numpy())

@@ -1,0 +1,120 @@
+"""towerbench.keras.AdaScale: AdaScale as a Keras optimizer wrapper in `fit` under
+MirroredStrategy, against towerbench's trainer on the same batches; its serialization."""
+
+from __future__ import annotations
+
+import json
+
+import fixtures_model
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from towerbench.model.adascale import AdaScale as AdaScaleState
+from towerbench.model.adascale import AdaScaleSchedule
+from towerbench.model.devices import configure_tower_devices
+from towerbench.model.keras_adascale import AdaScale, AdaScaleProgress, ProgressSchedule
+from towerbench.model.networks import Network
+from towerbench.model.schedules import EpochSchedule
+from towerbench.model.towers import TowerTrainer
+
+TOWERS, PER_TOWER, REFERENCE_BATCH, STEPS, LR = 4, 16, 16, 6, 0.1
+
+
+def _network(seed: int = 3) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
+
+
+def _batches() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    examples = STEPS * TOWERS * PER_TOWER
+    images = rng.normal(size=(examples, 8, 8, 1)).astype("float32")
+    labels = (np.abs(images[:, :4].sum(axis=(1, 2, 3))) * 3).astype("int32") % 10
+    return images, labels
+
+
+def _trainers_run(weights: list[np.ndarray], images, labels, optimizer):
+    """The trainer on 4 logical CPUs over the same batches: its gain each step, its weights."""
+    devices = configure_tower_devices(TOWERS)
+    global_batch = TOWERS * PER_TOWER
+    with tf.device(devices.parameter_device):
+        model = _network()
+        model.set_weights(weights)
+        state = AdaScaleState(REFERENCE_BATCH, global_batch, TOWERS)
+    schedule = EpochSchedule(LR, LR, 0.0, "constant", 100.0)
+    power = 0.5 if isinstance(optimizer, keras.optimizers.Adam) else 1.0
+    optimizer.learning_rate = AdaScaleSchedule(schedule, 1.0, state, power)
+    trainer = TowerTrainer(Network(model, []), optimizer, devices, adascale=state)
+    gains = []
+    for step in range(STEPS):
+        batch = slice(step * global_batch, (step + 1) * global_batch)
+        trainer.step(tf.constant(images[batch]), tf.constant(labels[batch]))
+        gains.append(float(state.gain.numpy()))
+    return gains, float(state.tau.numpy()), model.get_weights()
+
+
+class _GainsEachStep(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.gains: list[float] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.gains.append(float(self.model.optimizer.gain.numpy()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [lambda: keras.optimizers.SGD(LR, momentum=0.9), lambda: keras.optimizers.Adam(LR)],
+    ids=["momentum", "adam"],
+)
+def test_adascale_in_fit_under_mirrored_strategy_is_the_trainers(make_optimizer) -> None:
+    """The same network, weights and batches: `fit` with the wrapper on 4 replicas against the
+    trainer on 4 towers gives each step's gain, tau and the weights to 1e-5 (AdamScale too)."""
+    images, labels = _batches()
+    weights = _network().get_weights()
+    gains, tau, trained = _trainers_run(weights, images, labels, make_optimizer())
+    assert 1.0 < max(gains) <= TOWERS  # a gain was measured, not assumed
+    strategy = fixtures_model.mirrored_strategy()
+    with strategy.scope():
+        model = _network()
+        model.set_weights(weights)
+        optimizer = AdaScale(make_optimizer(), REFERENCE_BATCH, TOWERS * PER_TOWER)
+        model.compile(
+            optimizer=optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    each_step, progress = _GainsEachStep(), AdaScaleProgress()
+    data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(TOWERS * PER_TOWER)
+    history = model.fit(data, epochs=1, shuffle=False, verbose=0, callbacks=[each_step, progress])
+    np.testing.assert_allclose(each_step.gains, gains, rtol=1e-5)
+    assert float(optimizer.progress.numpy()) == pytest.approx(tau, rel=1e-5)
+    assert history.history["adascale_progress"] == [pytest.approx(tau, rel=1e-5)]
+    assert history.history["adascale_gain"] == [pytest.approx(gains[-1], rel=1e-5)]
+    for ours, theirs in zip(model.get_weights(), trained, strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_adascale_survives_serialization_with_its_reference_schedule() -> None:
+    schedule = keras.optimizers.schedules.CosineDecay(0.1, 100, warmup_target=0.4, warmup_steps=10)
+    wrapped = AdaScale(keras.optimizers.Adam(schedule), reference_batch=32, global_batch=256)
+    document = json.dumps(keras.optimizers.serialize(wrapped))
+    restored = keras.optimizers.deserialize(json.loads(document))
+    assert isinstance(restored, AdaScale) and restored.power == wrapped.power == 0.5
+    assert (restored.reference_batch, restored.global_batch) == (32, 256)
+    inner = restored.inner_optimizer._learning_rate
+    assert isinstance(inner, ProgressSchedule)
+    for step in (0, 5, 10, 60, 120):  # unbuilt: the reference schedule at the step
+        assert float(inner(step)) == pytest.approx(float(schedule(step)), rel=1e-6)
+    assert AdaScale(keras.optimizers.SGD(0.1), 32, 256).power == 1.0
+    with pytest.raises(TypeError, match="inner optimizer's schedule"):
+        wrapped.learning_rate = 0.5
