@@ -50,9 +50,7 @@ in both cases r is exactly 1 and tau counts steps, so the LR schedule sees the s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import keras
 import tensorflow as tf
@@ -60,6 +58,7 @@ import tensorflow as tf
 from towerbench.model.input_pipeline import EpochPlan
 from towerbench.model.noise_scale import noise_estimates
 from towerbench.model.schedules import EpochSchedule
+from towerbench.model.step_variables import NewVariable, new_tf_variable
 
 # fairscale's default smoothing: an average over about this many replica gradients.
 SMOOTHING_GRADIENTS = 1000
@@ -87,18 +86,6 @@ class AdaScaleState:
     tau: float
 
 
-def new_tf_variable(name: str, value: float, dtype: tf.DType) -> tf.Variable:
-    """A state variable of the step; one value whatever the replica (updated identically on
-    each, from all-reduced numbers, so a distribution strategy keeps the first replica's)."""
-    return tf.Variable(
-        value,
-        trainable=False,
-        dtype=dtype,
-        name=name,
-        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-    )
-
-
 class AdaScale(tf.Module):
     """The gain's moving averages and tau, updated inside the training step.
 
@@ -115,7 +102,7 @@ class AdaScale(tf.Module):
         replicas: int,
         smoothing: float | None = None,
         name: str = "adascale",
-        new_variable: Callable[[str, float, tf.DType], Any] = new_tf_variable,
+        new_variable: NewVariable = new_tf_variable,
     ):
         super().__init__(name=name)
         if min(reference_batch, global_batch, replicas) < 1:

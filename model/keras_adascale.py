@@ -4,13 +4,10 @@ wrapper for `model.fit` under `tf.distribute.MirroredStrategy`, like Keras' own
 
 The inner optimizer's learning rate is read as the reference batch's schedule, counted in
 reference steps. Each step the wrapper
-1. sums the replicas' gradients itself, together with their squared norms, in one all-reduce
-   (Keras scales each replica's loss by 1/R, so a replica's gradient is 1/R of its local mean);
+1. sums the replicas' gradients with their squared norms (model/keras_gradients.py);
 2. folds the step's estimates into AdaScale's averages and sets the gain r;
 3. lets the inner optimizer apply the summed gradients at the LR schedule(tau) x r^power
-   (power 1 for SGD-like optimizers, 1/2 for adaptive ones: AdamScale). The inner optimizer sums
-   over the replicas again; the wrapper hands it the summed gradients on the first replica and
-   zeros on the others, so that sum is exact;
+   (power 1 for SGD-like optimizers, 1/2 for adaptive ones: AdamScale);
 4. advances the progress tau by r.
 `gain` and `progress` are the wrapper's variables; `AdaScaleProgress` logs them to the fit's
 History and ends `fit` when tau reaches the reference's number of steps.
@@ -22,12 +19,11 @@ one (batch with `drop_remainder=True` for the trainer's accounting).
 
 from __future__ import annotations
 
-from typing import Any
-
 import keras
 import tensorflow as tf
 
 from towerbench.model.adascale import AdaScale as AdaScaleState
+from towerbench.model.keras_gradients import MeasuringWrapper, ReplicaGradients
 
 # Optimizers that divide the step by a running gradient scale: AdaScale's gain enters their LR
 # to the power 1/2 (config/optimizers.py:adascale_power, for the trainer's).
@@ -80,7 +76,7 @@ class ProgressSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 @keras.saving.register_keras_serializable(package="towerbench")
-class AdaScale(keras.optimizers.Optimizer):
+class AdaScale(MeasuringWrapper):
     """`inner_optimizer` with AdaScale's gain on its LR and its schedule at the progress tau;
     `inner_optimizer`'s learning rate is the reference batch `reference_batch`'s, in its steps."""
 
@@ -98,13 +94,11 @@ class AdaScale(keras.optimizers.Optimizer):
                 f"reference_batch ({reference_batch}) and global_batch ({global_batch}) "
                 "must be >= 1"
             )
-        super().__init__(learning_rate=0.0, name=name)
-        self.inner_optimizer = inner_optimizer
+        super().__init__(inner_optimizer, name)
         self.reference_batch = reference_batch
         self.global_batch = global_batch
-        self.power = (
-            (0.5 if isinstance(inner_optimizer, ADAPTIVE) else 1.0) if power is None else power
-        )
+        adaptive = isinstance(inner_optimizer, ADAPTIVE)
+        self.power = (0.5 if adaptive else 1.0) if power is None else power
         self.smoothing = smoothing
         reference = inner_optimizer.get_config()["learning_rate"]
         if isinstance(reference, dict):
@@ -115,31 +109,25 @@ class AdaScale(keras.optimizers.Optimizer):
         inner_optimizer.learning_rate = self.schedule
         self.state: AdaScaleState | None = None
 
-    def build(self, var_list):
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    def build_state(self, replicas: int) -> None:
         self.state = AdaScaleState(
             self.reference_batch,
             self.global_batch,
             replicas,
             self.smoothing,
-            new_variable=self._new_variable,
+            new_variable=self.new_variable,
         )
         self.schedule.state = self.state
-        self.inner_optimizer.build(var_list)
-        super().build(var_list)
 
-    def _new_variable(self, name: str, value: float, dtype: tf.DType) -> keras.Variable:
-        return self.add_variable(
-            shape=(),
-            dtype=dtype.name,
-            initializer=keras.initializers.Constant(value),
-            aggregation="only_first_replica",
-            name=name,
-        )
+    def measured(self, gradients: ReplicaGradients) -> None:
+        state = self._built_state()
+        state.update(gradients.small_norm_sq, gradients.big_norm_sq, self.global_batch)
 
-    @property
-    def variables(self):
-        return self._variables + self.inner_optimizer.variables
+    def alone(self) -> None:
+        self._built_state().update(tf.constant(0.0), tf.constant(0.0), self.global_batch)
+
+    def applied(self) -> None:
+        self._built_state().advance()
 
     @property
     def gain(self) -> keras.Variable:
@@ -156,40 +144,6 @@ class AdaScale(keras.optimizers.Optimizer):
             raise ValueError("AdaScale is built by its first step (or build(variables))")
         return self.state
 
-    def apply(self, grads, trainable_variables=None):
-        if not self.built:
-            with keras.name_scope(self.name, caller=self):
-                self.build(trainable_variables)
-            self.built = True
-        state = self._built_state()
-        replica = tf.distribute.get_replica_context()
-        replicas = 1 if replica is None else replica.num_replicas_in_sync
-        if replicas > 1:
-            grads = self._measured_sum(grads, replica, state)
-        else:
-            state.update(tf.constant(0.0), tf.constant(0.0), self.global_batch)
-        self.inner_optimizer.apply(grads, trainable_variables)
-        state.advance()
-
-    def _measured_sum(self, grads: list, replica: Any, state: AdaScaleState) -> list:
-        """The replicas' gradients summed (on the first replica; zeros on the others), after
-        their norms set this step's gain."""
-        replicas = replica.num_replicas_in_sync
-        present = [tf.convert_to_tensor(g) for g in grads if g is not None]
-        own = tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in present])
-        reduced = replica.all_reduce(
-            tf.distribute.ReduceOp.SUM, {"gradients": present, "norm_sq": own}
-        )
-        summed = reduced["gradients"]
-        # Each replica's gradient is 1/R of its local mean g_t: the mean of |g_t|^2 over the
-        # replicas is R x the sum of the squared norms, |mean_t g_t|^2 the summed gradient's.
-        small = replicas * reduced["norm_sq"]
-        big = tf.add_n([tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in summed])
-        state.update(small, big, self.global_batch)
-        first = tf.equal(replica.replica_id_in_sync_group, 0)
-        kept = iter(summed)
-        return [None if g is None else tf.where(first, next(kept), tf.zeros_like(g)) for g in grads]
-
     @property
     def learning_rate(self):
         return self.inner_optimizer.learning_rate
@@ -198,13 +152,6 @@ class AdaScale(keras.optimizers.Optimizer):
     def learning_rate(self, learning_rate):
         del learning_rate
         raise TypeError("AdaScale's learning rate is its inner optimizer's schedule at tau")
-
-    @property
-    def iterations(self):
-        return self.inner_optimizer.iterations
-
-    def finalize_variable_values(self, var_list):
-        self.inner_optimizer.finalize_variable_values(var_list)
 
     def get_config(self):
         return {

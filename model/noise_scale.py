@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from towerbench.model.step_variables import NewVariable, new_tf_variable
+
 NOISE_EMA_DECAY = 0.99
 
 
@@ -27,14 +29,21 @@ def noise_estimates(
 
 
 class NoiseScaleEstimator(tf.Module):
-    """Exponential moving averages of |G|^2 and tr(Sigma), updated inside the training step."""
+    """Exponential moving averages of |G|^2 and tr(Sigma), updated inside the training step
+    (the trainer's, and towerbench.keras.NoiseScale's in `fit`); its variables come from
+    `new_variable` (model/step_variables.py)."""
 
-    def __init__(self, decay: float = NOISE_EMA_DECAY, name: str = "noise_scale"):
+    def __init__(
+        self,
+        decay: float = NOISE_EMA_DECAY,
+        name: str = "noise_scale",
+        new_variable: NewVariable = new_tf_variable,
+    ):
         super().__init__(name=name)
         self.decay = decay
-        self.true_sq = tf.Variable(0.0, trainable=False, name="true_sq_ema")
-        self.trace = tf.Variable(0.0, trainable=False, name="trace_ema")
-        self.updates = tf.Variable(0.0, trainable=False, name="updates")
+        self.true_sq = new_variable("true_sq_ema", 0.0, tf.float32)
+        self.trace = new_variable("trace_ema", 0.0, tf.float32)
+        self.updates = new_variable("updates", 0.0, tf.float32)
 
     def update(self, small_norm_sq, big_norm_sq, batch_small: float, batch_big: float) -> None:
         true_sq, trace = noise_estimates(small_norm_sq, big_norm_sq, batch_small, batch_big)

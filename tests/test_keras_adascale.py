@@ -15,6 +15,7 @@ from towerbench.model.adascale import AdaScale as AdaScaleState
 from towerbench.model.adascale import AdaScaleSchedule
 from towerbench.model.devices import configure_tower_devices
 from towerbench.model.keras_adascale import AdaScale, AdaScaleProgress, ProgressSchedule
+from towerbench.model.keras_noise_scale import NoiseScale
 from towerbench.model.networks import Network
 from towerbench.model.schedules import EpochSchedule
 from towerbench.model.towers import TowerTrainer
@@ -118,3 +119,47 @@ def test_adascale_survives_serialization_with_its_reference_schedule() -> None:
     assert AdaScale(keras.optimizers.SGD(0.1), 32, 256).power == 1.0
     with pytest.raises(TypeError, match="inner optimizer's schedule"):
         wrapped.learning_rate = 0.5
+
+
+@pytest.mark.slow
+def test_noise_scale_in_fit_is_the_trainers_estimate(tmp_path) -> None:
+    """NoiseScale during `fit` on 4 replicas against the trainer's noise scale on 4 towers, the
+    same weights and batches: the same B_simple to 1e-4, in History and in the active MLflow
+    run; the model gets its optimizer back."""
+    import mlflow
+
+    images, labels = _batches()
+    weights = _network().get_weights()
+    devices = configure_tower_devices(TOWERS)
+    with tf.device(devices.parameter_device):
+        reference = _network()
+        reference.set_weights(weights)
+    trainer = TowerTrainer(Network(reference, []), keras.optimizers.SGD(LR), devices)
+    global_batch = TOWERS * PER_TOWER
+    for step in range(STEPS):
+        batch = slice(step * global_batch, (step + 1) * global_batch)
+        trainer.step(tf.constant(images[batch]), tf.constant(labels[batch]))
+    expected = trainer.noise.value()
+    assert np.isfinite(expected)
+    with fixtures_model.mirrored_strategy().scope():
+        model = _network()
+        model.set_weights(weights)
+        own = keras.optimizers.SGD(LR)
+        model.compile(
+            optimizer=own, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
+    data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(global_batch)
+    noise = NoiseScale(global_batch)
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        with mlflow.start_run() as run:
+            history = model.fit(data, epochs=1, shuffle=False, verbose=0, callbacks=[noise])
+        logged = mlflow.tracking.MlflowClient().get_metric_history(run.info.run_id, "noise_scale")
+    finally:
+        mlflow.set_tracking_uri(previous)
+    assert history.history["noise_scale"] == [pytest.approx(expected, rel=1e-4)]
+    assert [(m.step, m.value) for m in logged] == [(1, pytest.approx(expected, rel=1e-4))]
+    assert model.optimizer is own and int(own.iterations.numpy()) == STEPS
+    for ours, theirs in zip(model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)

@@ -10,7 +10,8 @@
     model.fit(train.batch(recipe.global_batch), epochs=recipe.epochs, callbacks=recipe.callbacks)
 
 `AdaScale(optimizer, reference_batch=b0, global_batch=B)` wraps any Keras optimizer in AdaScale
-(AdamScale for adaptive ones); `AdaScaleProgress` logs its gain and progress to History.
+(AdamScale for adaptive ones); `AdaScaleProgress` logs its gain and progress to History;
+`NoiseScale(global_batch=B)` logs the gradient noise scale measured from the replicas.
 Pure TensorFlow and Keras: importing it starts no Prefect, MLflow or DVC.
 """
 
@@ -18,6 +19,15 @@ from __future__ import annotations
 
 from towerbench.config.recipe_file import RecipeChoice
 from towerbench.model.keras_adascale import AdaScale, AdaScaleProgress
+from towerbench.model.keras_noise_scale import NoiseScale
 from towerbench.model.keras_recipe import KerasRecipe, StopAtStep, recipe
 
-__all__ = ["AdaScale", "AdaScaleProgress", "KerasRecipe", "RecipeChoice", "StopAtStep", "recipe"]
+__all__ = [
+    "AdaScale",
+    "AdaScaleProgress",
+    "KerasRecipe",
+    "NoiseScale",
+    "RecipeChoice",
+    "StopAtStep",
+    "recipe",
+]
