@@ -50,9 +50,15 @@ def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001 - pytest hook sig
     shutil.rmtree(_SANDBOX, ignore_errors=True)
 
 
-# The longest files (about 4, 3 and 2 minutes on 2 cores) go first: `make test` runs files on two
-# xdist workers in this order, so these start at once and the short files fill in around them.
-LONGEST_FIRST = ("test_pools.py", "test_flows_resume.py", "test_flows_deployment.py")
+# The longest files (the examples about 6 minutes, then about 4, 3 and 2 on 2 cores) go first:
+# `make test` runs files on two xdist workers in this order, so these start at once and the
+# short files fill in around them.
+LONGEST_FIRST = (
+    "test_examples.py",
+    "test_pools.py",
+    "test_flows_resume.py",
+    "test_flows_deployment.py",
+)
 
 
 def pytest_collection_modifyitems(items):

@@ -65,3 +65,30 @@ def test_the_notebook_runs_in_a_jupyter_kernel(tmp_path):
     assert text.splitlines()[-1].startswith("Report: "), text
     for noise in ("| INFO", " INFO mlflow", "\r", "RuntimeWarning"):
         assert noise not in streams, streams
+
+
+@pytest.mark.slow
+def test_own_fit_takes_the_recipe_home_and_reaches_what_the_trainer_reached(tmp_path):
+    """examples/own_fit.py as a user runs it: advise, the verification sweep in the trainer, and
+    the recipe through the user's own fit on 4 replicas, each side over 3 seeds."""
+    shutil.copy(EXAMPLES / "own_fit.py", tmp_path / "own_fit.py")
+    done = subprocess.run(
+        [sys.executable, "own_fit.py"],
+        cwd=tmp_path,
+        env=user_environment(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(list((tmp_path / "reports").glob("advise-*.yaml"))) == 1
+    means = {
+        match[1]: float(match[2])
+        for match in re.finditer(r"^(.+?):\s+test accuracy (\d\.\d+) \(95% CI ", done.stdout, re.M)
+    }
+    trainer, own = (
+        means["4 towers, the recipe, towerbench's trainer"],
+        means["4 replicas, the recipe, your own fit"],
+    )
+    assert trainer > 0.9 and abs(own - trainer) < 0.02, done.stdout  # chance is 0.1
+    assert not QUIET_BREACHES.search(done.stderr), done.stderr
