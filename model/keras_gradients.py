@@ -6,7 +6,8 @@ Under `fit` each replica's gradient reaches `apply` unsummed, as 1/R of its loca
 scales each replica's loss by 1/R); the inner optimizer would sum them. The wrapper sums them
 itself, together with their squared norms, in one all-reduce, measures, and hands the inner
 optimizer the sum on the first replica and zeros on the others, so its own sum is exact: two
-all-reduces of the gradients a step where plain `fit` makes one.
+all-reduces of the gradients a step where plain `fit` makes one. A wrapper around another
+(NoiseScale's around AdaScale) hands it the replicas' own gradients, for it to measure too.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ class MeasuringWrapper(keras.optimizers.Optimizer):
         if replica is not None and replica.num_replicas_in_sync > 1:
             gradients = replica_gradients(list(grads), replica)
             self.measured(gradients)
-            grads = gradients.for_inner
+            if not isinstance(self.inner_optimizer, MeasuringWrapper):  # it measures its own
+                grads = gradients.for_inner
         else:
             self.alone()
         self.inner_optimizer.apply(grads, trainable_variables)

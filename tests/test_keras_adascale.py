@@ -44,7 +44,8 @@ def _batches() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _trainers_run(weights: list[np.ndarray], images, labels, optimizer):
-    """The trainer on 4 logical CPUs over the same batches: its gain each step, its weights."""
+    """The trainer on 4 logical CPUs over the same batches: its gain each step, tau, its
+    weights and its noise scale."""
     devices = configure_tower_devices(TOWERS)
     global_batch = TOWERS * PER_TOWER
     with tf.device(devices.parameter_device):
@@ -60,16 +61,17 @@ def _trainers_run(weights: list[np.ndarray], images, labels, optimizer):
         batch = slice(step * global_batch, (step + 1) * global_batch)
         trainer.step(tf.constant(images[batch]), tf.constant(labels[batch]))
         gains.append(float(state.gain.numpy()))
-    return gains, float(state.tau.numpy()), model.get_weights()
+    return gains, float(state.tau.numpy()), model.get_weights(), trainer.noise.value()
 
 
 class _GainsEachStep(keras.callbacks.Callback):
-    def __init__(self):
+    def __init__(self, adascale: AdaScale):
         super().__init__()
+        self.adascale = adascale
         self.gains: list[float] = []
 
     def on_train_batch_end(self, batch, logs=None):
-        self.gains.append(float(self.model.optimizer.gain.numpy()))
+        self.gains.append(float(self.adascale.gain.numpy()))
 
 
 @pytest.mark.slow
@@ -80,10 +82,11 @@ class _GainsEachStep(keras.callbacks.Callback):
 )
 def test_adascale_in_fit_under_mirrored_strategy_is_the_trainers(make_optimizer) -> None:
     """The same network, weights and batches: `fit` with the wrapper on 4 replicas against the
-    trainer on 4 towers gives each step's gain, tau and the weights to 1e-5 (AdamScale too)."""
+    trainer on 4 towers gives each step's gain, tau and the weights to 1e-5 (AdamScale too), and
+    NoiseScale beside it the trainer's noise scale."""
     images, labels = _batches()
     weights = _network().get_weights()
-    gains, tau, trained = _trainers_run(weights, images, labels, make_optimizer())
+    gains, tau, trained, noise_scale = _trainers_run(weights, images, labels, make_optimizer())
     assert 1.0 < max(gains) <= TOWERS  # a gain was measured, not assumed
     strategy = fixtures_model.mirrored_strategy()
     with strategy.scope():
@@ -94,13 +97,15 @@ def test_adascale_in_fit_under_mirrored_strategy_is_the_trainers(make_optimizer)
             optimizer=optimizer,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
-    each_step, progress = _GainsEachStep(), AdaScaleProgress()
+    each_step, progress = _GainsEachStep(optimizer), AdaScaleProgress()
+    callbacks = [each_step, progress, NoiseScale(TOWERS * PER_TOWER)]
     data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(TOWERS * PER_TOWER)
-    history = model.fit(data, epochs=1, shuffle=False, verbose=0, callbacks=[each_step, progress])
+    history = model.fit(data, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
     np.testing.assert_allclose(each_step.gains, gains, rtol=1e-5)
     assert float(optimizer.progress.numpy()) == pytest.approx(tau, rel=1e-5)
     assert history.history["adascale_progress"] == [pytest.approx(tau, rel=1e-5)]
     assert history.history["adascale_gain"] == [pytest.approx(gains[-1], rel=1e-5)]
+    assert history.history["noise_scale"] == [pytest.approx(noise_scale, rel=1e-4)]
     for ours, theirs in zip(model.get_weights(), trained, strict=True):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
 
