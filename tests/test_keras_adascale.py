@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras_multi_worker import network
 
 from towerbench.model.adascale import AdaScale as AdaScaleState
 from towerbench.model.adascale import AdaScaleSchedule
@@ -25,14 +26,7 @@ TOWERS, PER_TOWER, REFERENCE_BATCH, STEPS, LR = 4, 16, 16, 6, 0.1
 
 def _network(seed: int = 3) -> keras.Model:
     keras.utils.set_random_seed(seed)
-    return keras.Sequential(
-        [
-            keras.Input((8, 8, 1)),
-            keras.layers.Flatten(),
-            keras.layers.Dense(16, activation="relu"),
-            keras.layers.Dense(10),
-        ]
-    )
+    return network()
 
 
 def _batches() -> tuple[np.ndarray, np.ndarray]:
@@ -168,3 +162,72 @@ def test_noise_scale_in_fit_is_the_trainers_estimate(tmp_path) -> None:
     assert model.optimizer is own and int(own.iterations.numpy()) == STEPS
     for ours, theirs in zip(model.get_weights(), reference.get_weights(), strict=True):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_adascale_under_multi_worker_mirrored_strategy_is_the_trainers(tmp_path) -> None:
+    """Two worker processes on 127.0.0.1 (MultiWorkerMirroredStrategy, one replica each) train
+    with AdaScale in a custom loop (Keras 3's fit fails under this strategy: keras_multi_worker.py):
+    each step's gain, tau and the weights equal the trainer's on 2 towers over the same batches,
+    on both workers."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fixtures_servers import free_port
+
+    towers, global_batch = 2, 2 * PER_TOWER
+    images, labels = _batches()
+    keras.utils.set_random_seed(5)
+    weights = network().get_weights()
+    np.savez(tmp_path / "weights.npz", **{str(i): w for i, w in enumerate(weights)})
+    np.savez(tmp_path / "batches.npz", images=images, labels=labels)
+    devices = configure_tower_devices(towers)
+    with tf.device(devices.parameter_device):
+        reference = network()
+        reference.set_weights(weights)
+        state = AdaScaleState(REFERENCE_BATCH, global_batch, towers)
+    optimizer = keras.optimizers.SGD(LR, momentum=0.9)
+    optimizer.learning_rate = AdaScaleSchedule(
+        EpochSchedule(LR, LR, 0.0, "constant", 100.0), 1.0, state
+    )
+    trainer = TowerTrainer(Network(reference, []), optimizer, devices, adascale=state)
+    gains = []
+    for step in range(len(labels) // global_batch):
+        batch = slice(step * global_batch, (step + 1) * global_batch)
+        trainer.step(tf.constant(images[batch]), tf.constant(labels[batch]))
+        gains.append(float(state.gain.numpy()))
+    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    script = Path(__file__).with_name("keras_multi_worker.py")
+    arguments = [tmp_path / "weights.npz", tmp_path / "batches.npz", global_batch, REFERENCE_BATCH]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(script), *map(str, arguments), str(LR)],
+            env={
+                **os.environ,
+                "TF_CONFIG": json.dumps(
+                    {"cluster": cluster, "task": {"type": "worker", "index": i}}
+                ),
+                "PYTHONPATH": str(script.parent),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(towers)
+    ]
+    try:
+        finished = [worker.communicate(timeout=300) for worker in workers]
+    finally:
+        for worker in workers:
+            worker.kill()
+    for worker, (stdout, stderr) in zip(workers, finished, strict=True):
+        assert worker.returncode == 0, stderr[-3000:]
+        said = json.loads(stdout.strip().splitlines()[-1])
+        assert said["replicas"] == towers and max(said["gains"]) > 1.0
+        np.testing.assert_allclose(said["gains"], gains, rtol=1e-5)
+        assert said["tau"] == pytest.approx(float(state.tau.numpy()), rel=1e-5)
+        for ours, theirs in zip(said["weights"], reference.get_weights(), strict=True):
+            np.testing.assert_allclose(np.array(ours), theirs, rtol=1e-5, atol=1e-6)
