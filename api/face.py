@@ -16,7 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from towerbench.api.inputs import (
     DataArgument,
@@ -38,6 +38,9 @@ from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import NothingTrained, SweepResult
 from towerbench.model.training_data import check_training_data
 from towerbench.serve.startup import sweep_lock
+
+if TYPE_CHECKING:  # the advise flow's modules load when advise is called
+    from towerbench.tasks.advise.advice import Advice
 
 
 @dataclass(frozen=True)
@@ -163,9 +166,10 @@ def advise(
     fresh: bool = False,
     verbose: bool = False,
     **fields: Any,
-) -> Any:
+) -> Advice:
     """The recipe for `towers` towers from a short probe, verified by a sweep of `seeds` seeds
-    unless `verify=False`: `towerbench advise` (its `Advice`)."""
+    unless `verify=False`: `towerbench advise` (its `Advice`; `.keras(train_examples=N)` takes
+    the recipe home to your own `model.fit`)."""
     chosen = {key: fields.pop(key) for key in list(fields) if key in AdviseConfig.model_fields}
     try:
         advice = AdviseConfig.model_validate({"towers": towers, **chosen})

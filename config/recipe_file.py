@@ -22,11 +22,19 @@ _FIRST_LINE = re.compile(r"^# towerbench advise \(MLflow run (\w+)\)")
 
 
 @dataclass(frozen=True)
-class RecipeChoice:
-    """One choice of the recipe: its value as the header says it, and the reason advise gave."""
+class Choice:
+    """One choice of a recipe: its value, and the reason advise gave (the number behind it)."""
 
-    value: str
+    value: str | float
     reason: str
+
+
+def _value(text: str) -> str | float:
+    """A choice's value as the header says it: a number (warmup epochs) or a name."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def recipe_file_text(run_id: str, sections: dict[str, Any], lines: list[str]) -> str:
@@ -36,7 +44,7 @@ def recipe_file_text(run_id: str, sections: dict[str, Any], lines: list[str]) ->
     return "\n".join(header) + "\n" + yaml.safe_dump(sections, sort_keys=False)
 
 
-def recipe_choices(path: Path) -> tuple[str, dict[str, RecipeChoice]]:
+def recipe_choices(path: Path) -> tuple[str, dict[str, Choice]]:
     """(the advise run's id, each choice by its header name) of the recipe file at `path`;
     one clear error when it is not a recipe file advise wrote."""
     try:
@@ -47,7 +55,7 @@ def recipe_choices(path: Path) -> tuple[str, dict[str, RecipeChoice]]:
         raise TowerbenchError(f"{path}: cannot be read: {error}") from None
     first = _FIRST_LINE.match(lines[0]) if lines else None
     matches = [_CHOICE_LINE.match(line) for line in lines]
-    choices = {m.group(1): RecipeChoice(m.group(2), m.group(3)) for m in matches if m}
+    choices = {m.group(1): Choice(_value(m.group(2)), m.group(3)) for m in matches if m}
     missing = [name for name in CHOICES if name not in choices]
     if first is None or missing:
         what = "its first line" if first is None else f"its header's {', '.join(missing)}"

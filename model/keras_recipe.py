@@ -24,7 +24,7 @@ from towerbench.config.advise import verification_configs
 from towerbench.config.load import load
 from towerbench.config.model_ref import BUILTIN_MODELS
 from towerbench.config.optimizers import adascale_power
-from towerbench.config.recipe_file import RecipeChoice, recipe_choices
+from towerbench.config.recipe_file import Choice, recipe_choices
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.model.adascale import (
@@ -66,7 +66,7 @@ class KerasRecipe:
     global_batch: int
     replicas: int
     callbacks: list[keras.callbacks.Callback]
-    reasons: dict[str, RecipeChoice]
+    reasons: dict[str, Choice]
     advise_run_id: str
     notes: list[str] = field(default_factory=list)
 

@@ -18,13 +18,19 @@ import towerbench.keras
 from towerbench.config.advise import AdviseConfig, verification_configs
 from towerbench.config.load import load
 from towerbench.config.params import Params
+from towerbench.config.recipe_file import Choice
 from towerbench.core.errors import TowerbenchError
 from towerbench.flows.advise import recipe_runs
 from towerbench.model.adascale import reference_schedule
 from towerbench.model.input_pipeline import EpochPlan
 from towerbench.model.keras_adascale import AdaScaleProgress
 from towerbench.model.schedules import StepSchedule, schedule_from_config
-from towerbench.tasks.advise.advice import recipe_params, write_params_file
+from towerbench.tasks.advise.advice import (
+    Advice,
+    recipe_document,
+    recipe_params,
+    write_params_file,
+)
 from towerbench.tasks.advise.recipe import Measurements, choose_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,3 +210,32 @@ def test_fit_with_an_adascale_recipe_ends_when_tau_reaches_the_reference_steps(
     steps = int(model.optimizer.iterations.numpy())
     assert recipe.steps / 4 <= steps < recipe.steps  # gains between 1 and S = 4, not all 1
     assert all(1.0 <= gain <= 4.0 for gain in history.history["adascale_gain"])
+
+
+def test_advice_takes_its_recipe_home(tmp_path: Path) -> None:
+    """`towerbench.advise(...)`'s Advice: typed choices (value and reason each), and
+    `.keras(train_examples=N)` gives the recipe file's KerasRecipe."""
+    path = _recipe_file(tmp_path, "momentum", {"momentum": 0.9})
+    measured = Measurements(
+        towers=4, per_tower_batch=32, reference_batch=32, base_lr=0.05, epochs=3,
+        has_batchnorm=False, noise_scale=1000.0, decay="constant", optimizer="momentum",
+        optimizer_values=(("momentum", 0.9),), train_examples=EXAMPLES,
+    )  # fmt: skip
+    choices = recipe_document(choose_recipe(measured))
+    advice = Advice(
+        advise_run_id="0123456789abcdef",
+        params_file=str(path),
+        probe={},
+        measurements={},
+        recipe=choices,
+        lines=[],
+    )
+    assert isinstance(choices.lr_scaling, Choice) and choices.lr_scaling.value == "linear"
+    assert choices.optimizer.hyperparameters == {"momentum": 0.9}
+    assert choices.prediction is not None and choices.prediction.steps > 0
+    taken = advice.keras(train_examples=EXAMPLES)
+    assert taken.steps == towerbench.keras.recipe(path, train_examples=EXAMPLES).steps
+    assert taken.reasons["scaling"] == Choice("linear", choices.lr_scaling.reason)
+    document = advice.model_dump(mode="json")["recipe"]  # the --json document's shape
+    assert document["optimizer"]["hyperparameters"] == {"momentum": 0.9}
+    assert document["budget"]["value"] == "noise" and document["budget"]["noise_scale"] == 1000.0

@@ -17,7 +17,7 @@ Pure TensorFlow and Keras: importing it starts no Prefect, MLflow or DVC.
 
 from __future__ import annotations
 
-from towerbench.config.recipe_file import RecipeChoice
+from towerbench.config.recipe_file import Choice
 from towerbench.model.keras_adascale import AdaScale, AdaScaleProgress
 from towerbench.model.keras_noise_scale import NoiseScale
 from towerbench.model.keras_recipe import KerasRecipe, StopAtStep, recipe
@@ -25,9 +25,9 @@ from towerbench.model.keras_recipe import KerasRecipe, StopAtStep, recipe
 __all__ = [
     "AdaScale",
     "AdaScaleProgress",
+    "Choice",
     "KerasRecipe",
     "NoiseScale",
-    "RecipeChoice",
     "StopAtStep",
     "recipe",
 ]

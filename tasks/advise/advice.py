@@ -9,8 +9,9 @@ import dataclasses
 import json
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from mlflow.entities import Metric, RunTag
@@ -20,7 +21,7 @@ from prefect.context import FlowRunContext
 from pydantic import BaseModel
 
 from towerbench.config.params import Params, SweepGrid
-from towerbench.config.recipe_file import recipe_file_text
+from towerbench.config.recipe_file import Choice, recipe_file_text
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.files import write_atomically
@@ -46,8 +47,44 @@ from towerbench.tasks.tracking import (
     log_sweep_inputs,
 )
 
+if TYPE_CHECKING:
+    from towerbench.model.keras_recipe import KerasRecipe
+
 SWEEP_TAG = "towerbench.advise.sweep"  # the verification sweep's parent run
 VERDICT_TAG = "towerbench.advise.verdict"
+
+
+@dataclass(frozen=True)
+class OptimizerChoice(Choice):
+    hyperparameters: dict[str, float]  # as the K-tower run uses them, after the scaling rule
+
+
+@dataclass(frozen=True)
+class BudgetChoice(Choice):
+    noise_scale: float | None = None  # the one `budget: noise` uses
+
+
+class PredictedCost(BaseModel):
+    """The K-tower run's predicted optimizer steps and time (tasks/advise/recipe.py)."""
+
+    steps: int
+    reference_steps: int
+    seconds: float | None
+    step_seconds: float | None
+    devices: int
+    logical: bool
+    text: str
+
+
+class RecipeChoices(BaseModel):
+    """The recipe as advise chose it, each choice with its reason; its predicted cost."""
+
+    optimizer: OptimizerChoice
+    lr_scaling: Choice
+    warmup_epochs: Choice
+    budget: BudgetChoice
+    decay: Choice
+    prediction: PredictedCost | None = None
 
 
 class Advice(BaseModel):
@@ -57,9 +94,16 @@ class Advice(BaseModel):
     params_file: str
     probe: dict[str, Any]
     measurements: dict[str, Any]
-    recipe: dict[str, dict[str, Any]]  # choice -> {value, reason}; "prediction": the cost
+    recipe: RecipeChoices
     lines: list[str]  # what the command prints
     verification: Verification | None = None
+
+    def keras(self, train_examples: int) -> KerasRecipe:
+        """The recipe as Keras objects for your own `model.fit` over `train_examples` examples
+        an epoch (towerbench.keras.recipe on `params_file`)."""
+        from towerbench.model.keras_recipe import recipe
+
+        return recipe(self.params_file, train_examples)
 
     def summary_lines(self, with_verdict: bool = True) -> list[str]:
         """What the command and a Python call end with: the probe's and the recipe's lines,
@@ -79,24 +123,21 @@ def probe_document(result: ProbeResult) -> dict[str, Any]:
     }
 
 
-def recipe_document(recipe: Recipe) -> dict[str, dict[str, Any]]:
-    """Each choice as {value, reason}; the optimizer's with its hyperparameters as the K-tower
-    run uses them, the budget's with the noise scale it uses; and the predicted cost
-    (`prediction`: steps, reference_steps, seconds, step_seconds, devices, logical, text)."""
-    choices = {
-        "optimizer": recipe.optimizer,
-        "lr_scaling": recipe.lr_scaling,
-        "warmup_epochs": recipe.warmup_epochs,
-        "budget": recipe.budget,
-        "decay": recipe.decay,
-    }
-    document = {name: dataclasses.asdict(choice) for name, choice in choices.items()}
-    document["optimizer"]["hyperparameters"] = recipe.hyperparameters
-    document["budget"]["noise_scale"] = recipe.noise_scale
-    if recipe.prediction is not None:
-        prediction = recipe.prediction
-        document["prediction"] = dataclasses.asdict(prediction) | {"text": prediction.text()}
-    return document
+def recipe_document(recipe: Recipe) -> RecipeChoices:
+    """Each choice with its value and reason; the optimizer's with its hyperparameters as the
+    K-tower run uses them, the budget's with the noise scale it uses; and the predicted cost."""
+    prediction = recipe.prediction
+    optimizer, budget = recipe.optimizer, recipe.budget
+    return RecipeChoices(
+        optimizer=OptimizerChoice(optimizer.value, optimizer.reason, recipe.hyperparameters),
+        lr_scaling=recipe.lr_scaling,
+        warmup_epochs=recipe.warmup_epochs,
+        budget=BudgetChoice(budget.value, budget.reason, recipe.noise_scale),
+        decay=recipe.decay,
+        prediction=None
+        if prediction is None
+        else PredictedCost(**dataclasses.asdict(prediction), text=prediction.text()),
+    )
 
 
 def recipe_params(params: Params, train: TrainConfig, grid: SweepGrid) -> dict[str, Any]:

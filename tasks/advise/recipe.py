@@ -60,6 +60,7 @@ from towerbench.config.optimizers import (
     effective_hyperparameters,
     family,
 )
+from towerbench.config.recipe_file import Choice
 
 ScalingRule = Literal["none", "linear", "sqrt", "adascale"]
 Budget = Literal["epochs", "updates", "noise", "tau"]
@@ -116,12 +117,6 @@ class Measurements:
     def usable_noise_scale(self) -> float | None:
         value = self.noise_scale
         return value if value is not None and math.isfinite(value) and value > 0 else None
-
-
-@dataclass(frozen=True)
-class Choice:
-    value: str | float
-    reason: str
 
 
 @dataclass(frozen=True)
