@@ -94,6 +94,11 @@ class AdaScale(MeasuringWrapper):
                 f"reference_batch ({reference_batch}) and global_batch ({global_batch}) "
                 "must be >= 1"
             )
+        if hasattr(inner_optimizer, "inner_optimizer"):
+            raise ValueError(
+                f"AdaScale wraps a plain optimizer, not a {type(inner_optimizer).__name__}; "
+                "for mixed precision wrap AdaScale in the LossScaleOptimizer, not the reverse"
+            )
         super().__init__(inner_optimizer, name)
         self.reference_batch = reference_batch
         self.global_batch = global_batch
@@ -110,6 +115,11 @@ class AdaScale(MeasuringWrapper):
         self.state: AdaScaleState | None = None
 
     def build_state(self, replicas: int) -> None:
+        if self.global_batch % replicas:
+            raise ValueError(
+                f"AdaScale: global_batch {self.global_batch} does not split evenly over "
+                f"{replicas} replicas"
+            )
         self.state = AdaScaleState(
             self.reference_batch,
             self.global_batch,

@@ -35,7 +35,9 @@ def _norm_sq(tensors: list[tf.Tensor]) -> tf.Tensor:
 
 
 def replica_gradients(grads: list[Any], replica: tf.distribute.ReplicaContext) -> ReplicaGradients:
-    """This replica's `grads` summed over the replicas, with both norms (one all-reduce)."""
+    """This replica's `grads` summed over the replicas, with both norms (one all-reduce).
+    Sparse gradients (an Embedding's IndexedSlices) are made dense: correct, but a large
+    vocabulary's table is then summed whole."""
     replicas = replica.num_replicas_in_sync
     present = [tf.convert_to_tensor(g) for g in grads if g is not None]
     reduced = replica.all_reduce(
@@ -54,6 +56,16 @@ def replica_gradients(grads: list[Any], replica: tf.distribute.ReplicaContext) -
     )
 
 
+def measures_inside(optimizer: keras.optimizers.Optimizer) -> bool:
+    """Whether `optimizer` or one it wraps (`inner_optimizer`, as Keras' LossScaleOptimizer)
+    measures the replicas' gradients itself: it must be handed them unsummed."""
+    while optimizer is not None:
+        if isinstance(optimizer, MeasuringWrapper):
+            return True
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return False
+
+
 class MeasuringWrapper(keras.optimizers.Optimizer):
     """An optimizer that measures the replicas' gradients each step, then lets
     `inner_optimizer` apply them. Subclasses make their state in `build_state(replicas)` (with
@@ -61,6 +73,11 @@ class MeasuringWrapper(keras.optimizers.Optimizer):
     replica: nothing to measure) and `applied` (after the update)."""
 
     def __init__(self, inner_optimizer: keras.optimizers.Optimizer, name: str):
+        if getattr(inner_optimizer, "gradient_accumulation_steps", None):
+            raise ValueError(
+                f"{type(self).__name__}: the inner optimizer accumulates gradients "
+                "(gradient_accumulation_steps); it needs one update per step"
+            )
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner_optimizer
 
@@ -77,6 +94,8 @@ class MeasuringWrapper(keras.optimizers.Optimizer):
         """After the inner optimizer's update."""
 
     def build(self, var_list):
+        if self.built:  # fit builds it before the first step; a second build would reset it
+            return
         self.build_state(tf.distribute.get_strategy().num_replicas_in_sync)
         self.inner_optimizer.build(var_list)
         super().build(var_list)
@@ -97,10 +116,12 @@ class MeasuringWrapper(keras.optimizers.Optimizer):
                 self.build(trainable_variables)
             self.built = True
         replica = tf.distribute.get_replica_context()
+        if all(g is None for g in grads):
+            return  # nothing to apply, as Keras' own optimizers
         if replica is not None and replica.num_replicas_in_sync > 1:
             gradients = replica_gradients(list(grads), replica)
             self.measured(gradients)
-            if not isinstance(self.inner_optimizer, MeasuringWrapper):  # it measures its own
+            if not measures_inside(self.inner_optimizer):  # else it measures its own too
                 grads = gradients.for_inner
         else:
             self.alone()

@@ -4,9 +4,11 @@ from the replicas' gradients: `fit(..., callbacks=[NoiseScale(global_batch=B)])`
 
 A callback sees no gradients, so for the fit `NoiseScale` wraps the model's optimizer in
 `NoiseMeasuring` (model/keras_gradients.py: the replicas' gradients summed with their squared
-norms, then the user's optimizer applies them) and rebuilds the train function; at the fit's
-end the model gets its own optimizer back. Each epoch it logs `noise_scale` to the fit's
-History and, when an MLflow run is active in the process, to that run.
+norms, then the user's optimizer applies them; under mixed precision inside Keras'
+LossScaleOptimizer, on unscaled gradients) and rebuilds the train function; at the fit's end
+the model gets its own optimizer back. Its averages restart with each fit and are not saved.
+Each epoch it logs `noise_scale` to the fit's History and, when an MLflow run is active in the
+process, to that run.
 """
 
 from __future__ import annotations
@@ -37,11 +39,22 @@ class NoiseMeasuring(MeasuringWrapper):
         self.estimator: NoiseScaleEstimator | None = None
 
     def build_state(self, replicas: int) -> None:
+        if self.global_batch % replicas:
+            raise ValueError(
+                f"NoiseScale: global_batch {self.global_batch} does not split evenly over "
+                f"{replicas} replicas"
+            )
         self.replicas = replicas
-        self.estimator = NoiseScaleEstimator(self.decay, new_variable=self.new_variable)
+        # Plain variables, not the optimizer's: a checkpoint during the fit holds the user's
+        # optimizer's state alone, as a model compiled with it expects.
+        self.estimator = NoiseScaleEstimator(self.decay)
+
+    @property
+    def variables(self):
+        return self.inner_optimizer.variables
 
     def measured(self, gradients: ReplicaGradients) -> None:
-        if self.estimator is not None and self.global_batch % self.replicas == 0:
+        if self.estimator is not None:
             self.estimator.update(
                 gradients.small_norm_sq,
                 gradients.big_norm_sq,
@@ -68,18 +81,36 @@ class NoiseScale(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         del logs
-        own = self.model.optimizer
+        holder = self._loss_scale_optimizer()
+        own = self.model.optimizer if holder is None else holder.inner_optimizer
         with self.model.distribute_strategy.scope():
             self.measuring = NoiseMeasuring(own, self.global_batch, self.decay)
             self.measuring.build(self.model.trainable_variables)
-        self.model.optimizer = self.measuring
-        self.model.make_train_function(force=True)
+        self._hand_over(self.measuring, holder)
 
     def on_train_end(self, logs=None):
         del logs
         if self.measuring is not None:
-            self.model.optimizer = self.measuring.inner_optimizer
-            self.model.make_train_function(force=True)
+            self._hand_over(self.measuring.inner_optimizer, self._loss_scale_optimizer())
+
+    def _loss_scale_optimizer(self) -> keras.optimizers.LossScaleOptimizer | None:
+        """Mixed precision's wrapper, when the model has one: the measuring goes inside it, where
+        the gradients are unscaled and a step that overflowed is skipped."""
+        optimizer = self.model.optimizer
+        return optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else None
+
+    def _hand_over(
+        self,
+        optimizer: keras.optimizers.Optimizer,
+        holder: keras.optimizers.LossScaleOptimizer | None,
+    ) -> None:
+        """`optimizer` as the one the model's steps apply (inside `holder` if any), with the
+        train function rebuilt to call it."""
+        if holder is None:
+            self.model.optimizer = optimizer
+        else:
+            holder.inner_optimizer = optimizer
+        self.model.make_train_function(force=True)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.measuring is None:

@@ -35,7 +35,7 @@ from towerbench.model.adascale import (
 from towerbench.model.input_pipeline import EpochPlan
 from towerbench.model.keras_adascale import AdaScale, AdaScaleProgress
 from towerbench.model.optimizers import build_optimizer
-from towerbench.model.schedules import keras_schedule, schedule_from_config
+from towerbench.model.schedules import StepSchedule, keras_schedule, schedule_from_config
 
 
 class StopAtStep(keras.callbacks.Callback):
@@ -158,7 +158,8 @@ def _adascale_budget(config: TrainConfig, plan: EpochPlan, examples: int) -> _Bu
     """The reference batch's schedule in its own steps (AdaScale reads it at tau), and
     AdaScaleProgress ending `fit` when tau reaches the reference's steps."""
     reference = reference_schedule(config.base_lr, schedule_from_config(config))
-    learning_rate = keras_schedule(
+    # Read at a fractional tau, as the trainer reads it: Keras' own schedules assume whole steps.
+    learning_rate = StepSchedule(
         reference, reference_steps_per_epoch(examples, config.reference_batch)
     )
     budget = ScaleInvariantBudget.of(

@@ -46,10 +46,13 @@ class NoiseScaleEstimator(tf.Module):
         self.updates = new_variable("updates", 0.0, tf.float32)
 
     def update(self, small_norm_sq, big_norm_sq, batch_small: float, batch_big: float) -> None:
+        """Fold one step's estimates in; a step whose norms overflowed (float16) leaves them."""
         true_sq, trace = noise_estimates(small_norm_sq, big_norm_sq, batch_small, batch_big)
-        self.true_sq.assign(self.decay * self.true_sq + (1.0 - self.decay) * true_sq)
-        self.trace.assign(self.decay * self.trace + (1.0 - self.decay) * trace)
-        self.updates.assign_add(1.0)
+        finite = tf.math.logical_and(tf.math.is_finite(true_sq), tf.math.is_finite(trace))
+        keep = tf.where(finite, self.decay, 1.0)
+        self.true_sq.assign(keep * self.true_sq + (1.0 - keep) * tf.where(finite, true_sq, 0.0))
+        self.trace.assign(keep * self.trace + (1.0 - keep) * tf.where(finite, trace, 0.0))
+        self.updates.assign_add(tf.cast(finite, tf.float32))
 
     def value(self) -> float:
         """B_simple from the bias-corrected averages; NaN before the first update."""

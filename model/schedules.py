@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 # The values of config.sections.TrainConfig.decay (tests/test_model_schedules.py checks they agree).
@@ -131,7 +132,7 @@ def keras_schedule(
         return peak
     if schedule.decay == "piecewise":
         # The LR drops at the first step at or after each boundary; Keras' drops after it.
-        boundaries = sorted(math.ceil(b * epoch_steps) - 1 for b in schedule.decay_boundaries)
+        boundaries = sorted(_first_step_at(b, epoch_steps) - 1 for b in schedule.decay_boundaries)
         values = [peak * schedule.decay_factor**drops for drops in range(len(boundaries) + 1)]
         return schedules.PiecewiseConstantDecay(boundaries, values)
     if schedule.decay == "staircase":
@@ -141,6 +142,18 @@ def keras_schedule(
     if schedule.decay == "linear" and decay_steps > 0:
         return schedules.PolynomialDecay(peak, decay_steps, end_learning_rate=0.0, power=1.0)
     return StepSchedule(schedule, epoch_steps)
+
+
+def _first_step_at(epoch: float, steps_per_epoch: float) -> int:
+    """The first step whose epoch, step / steps_per_epoch in float32 as `EpochSchedule` counts
+    it, is at or past `epoch` (b x E can round to either side of a whole step)."""
+    target, per_epoch = np.float32(epoch), np.float32(steps_per_epoch)
+    step = max(math.ceil(epoch * steps_per_epoch) - 1, 0)
+    while np.float32(step) / per_epoch < target:
+        step += 1
+    while step > 0 and np.float32(step - 1) / per_epoch >= target:
+        step -= 1
+    return step
 
 
 def schedule_from_config(config, global_batch: int | None = None) -> EpochSchedule:

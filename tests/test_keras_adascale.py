@@ -16,6 +16,7 @@ from towerbench.model.adascale import AdaScale as AdaScaleState
 from towerbench.model.adascale import AdaScaleSchedule
 from towerbench.model.devices import configure_tower_devices
 from towerbench.model.keras_adascale import AdaScale, AdaScaleProgress, ProgressSchedule
+from towerbench.model.keras_gradients import measures_inside
 from towerbench.model.keras_noise_scale import NoiseScale
 from towerbench.model.networks import Network
 from towerbench.model.schedules import EpochSchedule
@@ -231,3 +232,75 @@ def test_adascale_under_multi_worker_mirrored_strategy_is_the_trainers(tmp_path)
         assert said["tau"] == pytest.approx(float(state.tau.numpy()), rel=1e-5)
         for ours, theirs in zip(said["weights"], reference.get_weights(), strict=True):
             np.testing.assert_allclose(np.array(ours), theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_adascale_goes_on_across_fits_with_noise_scale_and_saves_with_the_model(tmp_path) -> None:
+    """A second fit (NoiseScale beside both) continues AdaScale's progress instead of rebuilding
+    it, and the model saved as .keras loads with AdaScale, its progress and its step count."""
+    images, labels = _batches()
+    with fixtures_model.mirrored_strategy().scope():
+        model = _network()
+        optimizer = AdaScale(keras.optimizers.SGD(LR, momentum=0.9), REFERENCE_BATCH, 64)
+        model.compile(
+            optimizer=optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(TOWERS * PER_TOWER)
+    progress = []
+    for _ in range(2):
+        model.fit(data, epochs=1, shuffle=False, verbose=0, callbacks=[NoiseScale(64)])
+        progress.append(float(optimizer.progress.numpy()))
+    assert progress[1] > progress[0] >= STEPS  # tau went on: gains are at least 1 a step
+    assert model.optimizer is optimizer and int(optimizer.iterations.numpy()) == 2 * STEPS
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    assert isinstance(loaded.optimizer, AdaScale)
+    assert float(loaded.optimizer.progress.numpy()) == pytest.approx(progress[1])
+    assert int(loaded.optimizer.iterations.numpy()) == 2 * STEPS
+
+
+def test_adascale_refuses_what_it_cannot_wrap_in_one_line() -> None:
+    inner = keras.optimizers.SGD(LR)
+    wrapped = keras.optimizers.LossScaleOptimizer(AdaScale(keras.optimizers.SGD(LR), 16, 64))
+    assert measures_inside(wrapped) and not measures_inside(inner)
+    with pytest.raises(ValueError, match="wrap AdaScale in the LossScaleOptimizer"):
+        AdaScale(keras.optimizers.LossScaleOptimizer(inner), REFERENCE_BATCH, 64)
+    with pytest.raises(ValueError, match="accumulates gradients"):
+        AdaScale(keras.optimizers.SGD(LR, gradient_accumulation_steps=2), REFERENCE_BATCH, 64)
+    with fixtures_model.mirrored_strategy().scope():
+        uneven = AdaScale(keras.optimizers.SGD(LR), REFERENCE_BATCH, 66)
+        with pytest.raises(ValueError, match="global_batch 66 does not split evenly over 4"):
+            uneven.build(_network().trainable_variables)
+
+
+@pytest.mark.slow
+def test_under_mixed_precision_noise_scale_measures_inside_the_loss_scale_optimizer() -> None:
+    """float16 layers, LossScaleOptimizer(AdaScale(SGD)) and NoiseScale: the noise scale is
+    measured on unscaled gradients, inside the loss scaling, so AdaScale still measures its own
+    gains (between 1 and S, not S at every step) and the noise scale is finite."""
+    images, labels = _batches()
+    with fixtures_model.mirrored_strategy().scope():
+        model = keras.Sequential(
+            [
+                keras.Input((8, 8, 1)),
+                keras.layers.Flatten(),
+                keras.layers.Dense(16, activation="relu", dtype="mixed_float16"),
+                keras.layers.Dense(10, dtype="float32"),
+            ]
+        )
+        adascale = AdaScale(keras.optimizers.SGD(LR, momentum=0.9), REFERENCE_BATCH, 64)
+        model.compile(
+            optimizer=keras.optimizers.LossScaleOptimizer(adascale),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(TOWERS * PER_TOWER)
+    each_step = _GainsEachStep(adascale)
+    history = model.fit(
+        data, epochs=1, shuffle=False, verbose=0, callbacks=[each_step, NoiseScale(64)]
+    )
+    scale = TOWERS * PER_TOWER / REFERENCE_BATCH
+    assert all(1.0 <= gain < scale for gain in each_step.gains[1:]), each_step.gains
+    assert np.isfinite(history.history["noise_scale"][-1])
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert model.optimizer.inner_optimizer is adascale

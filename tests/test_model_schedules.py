@@ -192,3 +192,18 @@ def test_the_keras_schedule_gives_the_trainers_lr_at_every_step_and_survives_ser
         np.testing.assert_allclose(
             [_lr_at(learning_rate, step) for step in steps], expected, rtol=2e-6, atol=rounding
         )
+
+
+def test_a_piecewise_drop_lands_on_the_trainers_step_where_b_times_e_rounds() -> None:
+    """1.1 epochs x 100 steps is 110.00000000000001 in float64; the trainer, in float32, drops
+    at step 110: so does the exported schedule."""
+    import keras
+
+    from towerbench.model.schedules import EpochSchedule, keras_schedule
+
+    schedule = EpochSchedule(0.1, 0.1, 0.0, "piecewise", 3.0, decay_boundaries=(1.1,))
+    exported = keras_schedule(schedule, 100)
+    assert isinstance(exported, keras.optimizers.schedules.PiecewiseConstantDecay)
+    trainers = StepSchedule(schedule, 100)
+    for step in (108, 109, 110, 111):
+        assert float(exported(step)) == pytest.approx(float(trainers(step)), rel=1e-6)
