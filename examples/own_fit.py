@@ -84,10 +84,11 @@ def interval(accuracies: list[float]) -> str:
     return f"{mean:.4f} (95% CI [{mean - half:.4f}, {mean + half:.4f}], {len(accuracies)} seeds)"
 
 
-if __name__ == "__main__":
+def main(seeds: list[int] = SEEDS) -> None:
+    """Advise, verify in the trainer and fit with the recipe yourself, for `seeds` each."""
     strategy = replicas(TOWERS)  # first: devices are split before any TensorFlow op runs
     data = digits_data()
-    common = dict(name="digits-fit", tracking_uri="sqlite:///mlflow.db", seeds=len(SEEDS))
+    common = dict(name="digits-fit", tracking_uri="sqlite:///mlflow.db", seeds=len(seeds))
     advice = towerbench.advise(
         model=build,
         data=data,
@@ -106,7 +107,7 @@ if __name__ == "__main__":
         towers: [c.test_accuracy for c in checked.configs if c.towers == towers]
         for towers in (1, TOWERS)
     }
-    fitted = [own_fit(strategy, advice.params_file, data, seed) for seed in SEEDS]
+    fitted = [own_fit(strategy, advice.params_file, data, seed) for seed in seeds]
     sides = {
         "1 tower, towerbench's trainer": trainer[1],
         f"{TOWERS} towers, the recipe, towerbench's trainer": trainer[TOWERS],
@@ -114,3 +115,7 @@ if __name__ == "__main__":
     }
     for side, accuracies in sides.items():
         print(f"{side + ':':<48} test accuracy {interval(accuracies)}")
+
+
+if __name__ == "__main__":
+    main()

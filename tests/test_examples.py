@@ -11,6 +11,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from fixtures_servers import untraced
 from fixtures_user import QUIET_BREACHES, user_environment
 from nbclient import NotebookClient
 
@@ -68,17 +69,20 @@ def test_the_notebook_runs_in_a_jupyter_kernel(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_own_fit_takes_the_recipe_home_and_reaches_what_the_trainer_reached(tmp_path):
-    """examples/own_fit.py as a user runs it: advise, the verification sweep in the trainer, and
-    the recipe through the user's own fit on 4 replicas, each side over 3 seeds."""
+    """examples/own_fit.py's `main` as a user calls it: advise, the verification sweep in the
+    trainer, and the recipe through the user's own fit on 4 replicas, each side over 2 seeds
+    (the script's 3 are docs/findings.md's). Not traced by coverage: the example is no part of
+    the package, and its own fits under a tracer took over 10 minutes of the suite's 35."""
     shutil.copy(EXAMPLES / "own_fit.py", tmp_path / "own_fit.py")
     done = subprocess.run(
-        [sys.executable, "own_fit.py"],
+        [sys.executable, "-c", "import own_fit; own_fit.main(seeds=[0, 1])"],
         cwd=tmp_path,
-        env=user_environment(),
+        env=untraced(user_environment()),
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=850,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(list((tmp_path / "reports").glob("advise-*.yaml"))) == 1
