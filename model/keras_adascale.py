@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from towerbench.model.adascale import AdaScale as AdaScaleState
+from towerbench.model.adascale import ScaleInvariantBudget
 from towerbench.model.keras_gradients import MeasuringWrapper, ReplicaGradients
 
 # Optimizers that divide the step by a running gradient scale: AdaScale's gain enters their LR
@@ -185,29 +186,43 @@ class AdaScale(MeasuringWrapper):
 class AdaScaleProgress(keras.callbacks.Callback):
     """Logs AdaScale's `adascale_gain` and `adascale_progress` (tau) each epoch to the fit's
     History and, given `reference_steps`, ends `fit` once tau reaches them (the reference
-    configuration's number of steps: the trainer's scale-invariant budget)."""
+    configuration's number of steps: the trainer's scale-invariant budget, which it reads
+    only when enough steps have passed to reach it, as the trainer does)."""
 
     def __init__(self, reference_steps: int | None = None):
         super().__init__()
         self.reference_steps = reference_steps
+        self.adascale: AdaScale | None = None
+        self.budget: ScaleInvariantBudget | None = None
+        self.steps_to_next_reading = 0
 
-    def _adascale(self) -> AdaScale:
+    def on_train_begin(self, logs=None):
+        del logs
         optimizer = self.model.optimizer
         while not isinstance(optimizer, AdaScale):
             optimizer = getattr(optimizer, "inner_optimizer", None)
             if optimizer is None:
                 raise ValueError("AdaScaleProgress needs a model compiled with AdaScale")
-        return optimizer
+        self.adascale = optimizer
+        if self.reference_steps is not None:
+            max_gain = max(optimizer.global_batch / optimizer.reference_batch, 1.0)
+            self.budget = ScaleInvariantBudget(self.reference_steps, max_gain)
+            self.steps_to_next_reading = 0
 
     def on_train_batch_end(self, batch, logs=None):
         del batch, logs
-        if self.reference_steps is not None:
-            if float(self._adascale().progress.numpy()) >= self.reference_steps:
-                self.model.stop_training = True
+        if self.budget is None or self.adascale is None:
+            return
+        self.steps_to_next_reading -= 1
+        if self.steps_to_next_reading > 0:
+            return
+        left = self.budget.steps_left(float(self.adascale.progress.numpy()))
+        self.steps_to_next_reading = left
+        if left == 0:
+            self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
         del epoch
-        if logs is not None:
-            adascale = self._adascale()
-            logs["adascale_gain"] = float(adascale.gain.numpy())
-            logs["adascale_progress"] = float(adascale.progress.numpy())
+        if logs is not None and self.adascale is not None:
+            logs["adascale_gain"] = float(self.adascale.gain.numpy())
+            logs["adascale_progress"] = float(self.adascale.progress.numpy())

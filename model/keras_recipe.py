@@ -63,12 +63,20 @@ class KerasRecipe:
     epochs: int  # whole epochs for fit; the callbacks end it at `steps` (adascale: at tau)
     steps: int
     steps_per_epoch: int
-    global_batch: int
-    replicas: int
     callbacks: list[keras.callbacks.Callback]
     reasons: dict[str, Choice]
     advise_run_id: str
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def global_batch(self) -> int:
+        """Examples a step: batch your dataset with it."""
+        return self.config.global_batch
+
+    @property
+    def replicas(self) -> int:
+        """The towers over all workers the recipe is for."""
+        return self.config.replicas
 
     @cached_property
     def optimizer(self) -> keras.optimizers.Optimizer:
@@ -123,8 +131,6 @@ def recipe(params_file: str | Path, train_examples: int) -> KerasRecipe:
         epochs=math.ceil(budget.steps / plan.steps),
         steps=budget.steps,
         steps_per_epoch=plan.steps,
-        global_batch=config.global_batch,
-        replicas=config.replicas,
         callbacks=budget.callbacks,
         reasons=reasons,
         advise_run_id=run_id,
