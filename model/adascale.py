@@ -196,34 +196,47 @@ def reference_schedule(base_lr: float, schedule: EpochSchedule) -> EpochSchedule
     )
 
 
+@keras.saving.register_keras_serializable(package="towerbench")
 class AdaScaleSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """The optimizer's LR under AdaScale: the reference schedule at tau, times the gain to the
-    power `power` (1 for SGD-like optimizers; 1/2 for adaptive ones, AdaptDL's AdamScale, whose
-    step already divides by the gradient's scale).
-
-    The optimizer's step counter is ignored: progress is tau, counted in reference steps.
-    """
+    """The optimizer's LR under AdaScale: the reference batch's schedule (counted in reference
+    steps) at the progress tau, times the gain to the power `power` (1 for SGD-like optimizers;
+    1/2 for adaptive ones, AdaptDL's AdamScale, whose step already divides by the gradient's
+    scale). The optimizer's step counter is ignored once `state` is set: progress is tau. The
+    trainer and the Keras wrapper (model/keras_adascale.py) both use it."""
 
     def __init__(
         self,
-        schedule: EpochSchedule,
-        steps_per_epoch: float,
-        adascale: AdaScale,
+        reference: float | keras.optimizers.schedules.LearningRateSchedule,
         power: float = 1.0,
+        state: AdaScale | None = None,
     ):
-        self.schedule = schedule
-        self.steps_per_epoch = float(steps_per_epoch)
-        self.adascale = adascale
-        self.power = power
+        self.reference = reference
+        self.power = float(power)
+        self.state = state
 
     def __call__(self, step):
-        del step  # progress is tau
-        epoch = tf.cast(self.adascale.tau, tf.float32) / self.steps_per_epoch
-        return self.schedule(epoch) * self.adascale.gain**self.power
+        if self.state is None:
+            return self._reference(step)
+        tau = tf.cast(self.state.tau, tf.float32)
+        return self._reference(tau) * tf.cast(self.state.gain, tf.float32) ** self.power
 
-    def epoch(self) -> float:
-        """Reference epochs done: tau / reference steps per epoch."""
-        return float(self.adascale.tau.numpy()) / self.steps_per_epoch
+    def _reference(self, step):
+        if callable(self.reference):
+            return tf.cast(self.reference(step), tf.float32)
+        return tf.constant(self.reference, tf.float32)
+
+    def get_config(self):
+        reference = self.reference
+        if isinstance(reference, keras.optimizers.schedules.LearningRateSchedule):
+            reference = keras.optimizers.schedules.serialize(reference)
+        return {"reference": reference, "power": self.power}
+
+    @classmethod
+    def from_config(cls, config):
+        reference = config["reference"]
+        if isinstance(reference, dict):
+            reference = keras.optimizers.schedules.deserialize(reference)
+        return cls(reference, config["power"])
 
 
 @dataclass(frozen=True)

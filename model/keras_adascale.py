@@ -23,7 +23,7 @@ import keras
 import tensorflow as tf
 
 from towerbench.model.adascale import AdaScale as AdaScaleState
-from towerbench.model.adascale import ScaleInvariantBudget
+from towerbench.model.adascale import AdaScaleSchedule, ScaleInvariantBudget
 from towerbench.model.keras_gradients import MeasuringWrapper, ReplicaGradients
 
 # Optimizers that divide the step by a running gradient scale: AdaScale's gain enters their LR
@@ -39,41 +39,6 @@ ADAPTIVE = (
     keras.optimizers.Adafactor,
     keras.optimizers.Lamb,
 )
-
-
-@keras.saving.register_keras_serializable(package="towerbench")
-class ProgressSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """The reference schedule at AdaScale's progress tau (not at the step), times its gain to
-    `power`; before an AdaScale is linked, the reference schedule at the step."""
-
-    def __init__(self, schedule: float | keras.optimizers.schedules.LearningRateSchedule, power):
-        self.schedule = schedule
-        self.power = float(power)
-        self.state: AdaScaleState | None = None
-
-    def __call__(self, step):
-        if self.state is None:
-            return self._reference(step)
-        tau = tf.cast(self.state.tau, tf.float32)
-        return self._reference(tau) * tf.cast(self.state.gain, tf.float32) ** self.power
-
-    def _reference(self, step):
-        if callable(self.schedule):
-            return tf.cast(self.schedule(step), tf.float32)
-        return tf.constant(self.schedule, tf.float32)
-
-    def get_config(self):
-        schedule = self.schedule
-        if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
-            schedule = keras.optimizers.schedules.serialize(schedule)
-        return {"schedule": schedule, "power": self.power}
-
-    @classmethod
-    def from_config(cls, config):
-        schedule = config["schedule"]
-        if isinstance(schedule, dict):
-            schedule = keras.optimizers.schedules.deserialize(schedule)
-        return cls(schedule, config["power"])
 
 
 @keras.saving.register_keras_serializable(package="towerbench")
@@ -109,9 +74,9 @@ class AdaScale(MeasuringWrapper):
         reference = inner_optimizer.get_config()["learning_rate"]
         if isinstance(reference, dict):
             reference = keras.optimizers.schedules.deserialize(reference)
-        if isinstance(reference, ProgressSchedule):  # deserialized from an AdaScale's config
-            reference = reference.schedule
-        self.schedule = ProgressSchedule(reference, self.power)
+        if isinstance(reference, AdaScaleSchedule):  # deserialized from an AdaScale's config
+            reference = reference.reference
+        self.schedule = AdaScaleSchedule(reference, self.power)
         inner_optimizer.learning_rate = self.schedule
         self.state: AdaScaleState | None = None
 

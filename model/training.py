@@ -246,10 +246,9 @@ def _learning_rate(
         adascale = AdaScale(config.reference_batch, config.global_batch, config.replicas)
     schedule = reference_schedule(config.base_lr, schedule)
     learning_rate = AdaScaleSchedule(
-        schedule,
-        reference_steps_per_epoch(examples, config.reference_batch),
-        adascale,
+        StepSchedule(schedule, reference_steps_per_epoch(examples, config.reference_batch)),
         adascale_power(config.optimizer),
+        adascale,
     )
     budget = ScaleInvariantBudget.of(
         config.epochs, examples, config.reference_batch, config.global_batch

@@ -15,11 +15,11 @@ from keras_multi_worker import network
 from towerbench.model.adascale import AdaScale as AdaScaleState
 from towerbench.model.adascale import AdaScaleSchedule
 from towerbench.model.devices import configure_tower_devices
-from towerbench.model.keras_adascale import AdaScale, AdaScaleProgress, ProgressSchedule
+from towerbench.model.keras_adascale import AdaScale, AdaScaleProgress
 from towerbench.model.keras_gradients import measures_inside
 from towerbench.model.keras_noise_scale import NoiseScale
 from towerbench.model.networks import Network
-from towerbench.model.schedules import EpochSchedule
+from towerbench.model.schedules import EpochSchedule, StepSchedule
 from towerbench.model.towers import TowerTrainer
 
 TOWERS, PER_TOWER, REFERENCE_BATCH, STEPS, LR = 4, 16, 16, 6, 0.1
@@ -49,7 +49,7 @@ def _trainers_run(weights: list[np.ndarray], images, labels, optimizer):
         state = AdaScaleState(REFERENCE_BATCH, global_batch, TOWERS)
     schedule = EpochSchedule(LR, LR, 0.0, "constant", 100.0)
     power = 0.5 if isinstance(optimizer, keras.optimizers.Adam) else 1.0
-    optimizer.learning_rate = AdaScaleSchedule(schedule, 1.0, state, power)
+    optimizer.learning_rate = AdaScaleSchedule(StepSchedule(schedule, 1.0), power, state)
     trainer = TowerTrainer(Network(model, []), optimizer, devices, adascale=state)
     gains = []
     for step in range(STEPS):
@@ -113,7 +113,7 @@ def test_adascale_survives_serialization_with_its_reference_schedule() -> None:
     assert isinstance(restored, AdaScale) and restored.power == wrapped.power == 0.5
     assert (restored.reference_batch, restored.global_batch) == (32, 256)
     inner = restored.inner_optimizer._learning_rate
-    assert isinstance(inner, ProgressSchedule)
+    assert isinstance(inner, AdaScaleSchedule)
     for step in (0, 5, 10, 60, 120):  # unbuilt: the reference schedule at the step
         assert float(inner(step)) == pytest.approx(float(schedule(step)), rel=1e-6)
     assert AdaScale(keras.optimizers.SGD(0.1), 32, 256).power == 1.0
@@ -192,7 +192,7 @@ def test_adascale_under_multi_worker_mirrored_strategy_is_the_trainers(tmp_path)
         state = AdaScaleState(REFERENCE_BATCH, global_batch, towers)
     optimizer = keras.optimizers.SGD(LR, momentum=0.9)
     optimizer.learning_rate = AdaScaleSchedule(
-        EpochSchedule(LR, LR, 0.0, "constant", 100.0), 1.0, state
+        StepSchedule(EpochSchedule(LR, LR, 0.0, "constant", 100.0), 1.0), state=state
     )
     trainer = TowerTrainer(Network(reference, []), optimizer, devices, adascale=state)
     gains = []

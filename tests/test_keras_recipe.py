@@ -193,7 +193,7 @@ def test_an_adascale_recipe_wraps_the_optimizer_and_ends_at_the_trainers_progres
     assert isinstance(optimizer, towerbench.keras.AdaScale) and optimizer.power == 1.0
     assert (optimizer.reference_batch, optimizer.global_batch) == (32, 128)
     trainers = reference_schedule(config.base_lr, schedule_from_config(config))
-    exported = optimizer.inner_optimizer._learning_rate.schedule
+    exported = optimizer.inner_optimizer._learning_rate.reference
     for tau in np.arange(0, recipe.steps + 1, 0.25):  # the reference schedule, read at tau
         assert _lr_at(exported, tau) == pytest.approx(float(trainers(tau / 32)), rel=1e-6)
 

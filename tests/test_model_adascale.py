@@ -121,7 +121,7 @@ def test_gain_is_exactly_one_and_tau_counts_steps_when_nothing_can_scale(replica
 def test_one_replica_schedule_is_the_plain_schedule_bit_for_bit():
     schedule = EpochSchedule(0.1, 0.1, 0.0, "cosine", total_epochs=7.0)
     adascale = AdaScale(reference_batch=128, global_batch=128, replicas=1)
-    at_tau = AdaScaleSchedule(schedule, 13, adascale)
+    at_tau = AdaScaleSchedule(StepSchedule(schedule, 13), state=adascale)
     at_step = StepSchedule(schedule, 13)
     for step in range(100):
         assert at_tau(None).numpy() == at_step(step).numpy()
@@ -147,7 +147,7 @@ def test_the_step_uses_the_lr_at_tau_before_the_step_times_the_gain():
 
     adascale = AdaScale(reference_batch, replicas * per_replica, replicas)
     decaying = EpochSchedule(0.1, 0.1, 0.0, "linear", total_epochs=10.0)
-    optimizer = keras.optimizers.SGD(AdaScaleSchedule(decaying, 10, adascale))
+    optimizer = keras.optimizers.SGD(AdaScaleSchedule(StepSchedule(decaying, 10), state=adascale))
     weight = tf.Variable([0.0])
     optimizer.build([weight])
 

@@ -14,7 +14,7 @@ from towerbench.config.sections import TrainConfig
 from towerbench.model.adascale import AdaScale, AdaScaleSchedule
 from towerbench.model.lars import LARS
 from towerbench.model.optimizers import build_optimizer
-from towerbench.model.schedules import EpochSchedule, scaled_learning_rate
+from towerbench.model.schedules import EpochSchedule, StepSchedule, scaled_learning_rate
 
 
 def test_the_square_root_rule_for_adam_at_four_times_the_batch() -> None:
@@ -72,8 +72,8 @@ def test_adamscale_gain_is_adascales_to_the_power_one_half() -> None:
     flat = EpochSchedule(
         base_lr=0.1, peak_lr=0.1, warmup_epochs=0.0, decay="constant", total_epochs=1
     )
-    sgd = AdaScaleSchedule(flat, 10, adascale, adascale_power("momentum"))
-    adam = AdaScaleSchedule(flat, 10, adascale, adascale_power("adam"))
+    sgd = AdaScaleSchedule(StepSchedule(flat, 10), adascale_power("momentum"), adascale)
+    adam = AdaScaleSchedule(StepSchedule(flat, 10), adascale_power("adam"), adascale)
     assert float(sgd(0)) == pytest.approx(0.1 * gain, rel=1e-6)
     assert float(adam(0)) == pytest.approx(0.1 * gain**0.5, rel=1e-6)
 
