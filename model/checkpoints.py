@@ -29,21 +29,15 @@ KEPT_CHECKPOINTS = 2
 RESUMABLE_CHANGES = {"epochs", "checkpoint_every", "collective_timeout"}
 
 
-def training_state(model, optimizer, trainer: TowerTrainer) -> tf.train.Checkpoint:
+def training_state(trainer: TowerTrainer) -> tf.train.Checkpoint:
     """Everything a resumed run needs besides the data order (a pure function of the step): the
     weights, the optimizer state with its step counter, the weight EMA, the noise-scale averages
     and the running epoch's metric sums; float16's loss scale; AdaScale's averages and tau. The
     names are the checkpoint format."""
-    scaled = {"loss_scale": trainer.loss_scale} if trainer.loss_scale.dynamic else {}
-    adascale = {"adascale": trainer.adascale} if trainer.adascale is not None else {}
     return tf.train.Checkpoint(
-        weights=[variable.value for variable in model.variables],
-        optimizer=[variable.value for variable in optimizer.variables],
-        ema=trainer.ema_weights,
-        noise=trainer.noise,
-        metric_sums=[trainer.cross_entropy_sum, trainer.correct, trainer.examples],
-        **scaled,
-        **adascale,
+        weights=[variable.value for variable in trainer.model.variables],
+        optimizer=[variable.value for variable in trainer.optimizer.variables],
+        **trainer.saved_state(),
     )
 
 

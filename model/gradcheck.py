@@ -201,15 +201,9 @@ def _call_losses(model):
 
 def _decay_loss(network, weight_decay: float):
     """weight_decay x tf.nn.l2_loss of the decayed variables + the model's weight regularizers."""
-    import tensorflow as tf
+    from towerbench.model.weight_decay import WeightDecay
 
-    terms = [weight_decay * tf.nn.l2_loss(v) for v in network.decayed_variables]
-    terms += [
-        v.regularizer(v)
-        for v in network.model.trainable_variables
-        if getattr(v, "regularizer", None) is not None
-    ]
-    return tf.add_n(terms) if terms else tf.constant(0.0)
+    return WeightDecay(network, weight_decay).loss()
 
 
 def _differences(a: list[np.ndarray], b: list[np.ndarray]) -> list[tuple[float, float]]:
@@ -259,20 +253,18 @@ def _tower_run(
     problem holds its slice of the batch, in a cluster)."""
     import tensorflow as tf
 
-    from towerbench.model.optimizers import build_optimizer
-    from towerbench.model.towers import TowerTrainer
+    from towerbench.model.towers import tower_trainer
 
     with tf.device(devices.parameter_device):
         network = problem.network()
-    trainer = TowerTrainer(
-        network,
-        build_optimizer(ONE_SGD_STEP, GRADCHECK_LR),
-        devices,
-        aggregation,
-        problem.weight_decay,
-        cluster=cluster,
-        precision=problem.precision,
+    config = ONE_SGD_STEP.model_copy(
+        update={
+            "aggregation": aggregation,
+            "weight_decay": problem.weight_decay,
+            "precision": problem.precision,
+        }
     )
+    trainer = tower_trainer(network, config, devices, GRADCHECK_LR, cluster, weight_average=False)
     gradients = [
         _dense(g) for g in trainer.gradients(problem.images, problem.labels).data_gradients
     ]
@@ -293,20 +285,12 @@ def _weights_after_updates(problem: _Problem, devices: TowerDevices, optimizer: 
     hyperparameters), each step on its own batch of the problem's shape."""
     import tensorflow as tf
 
-    from towerbench.model.optimizers import build_optimizer
-    from towerbench.model.towers import TowerTrainer
+    from towerbench.model.towers import tower_trainer
 
     config = _update_config(problem, optimizer)
     with tf.device(devices.parameter_device):
         network = problem.network()
-    trainer = TowerTrainer(
-        network,
-        build_optimizer(config, config.base_lr),
-        devices,
-        "mean",
-        config.l2_weight_decay,
-        precision=problem.precision,
-    )
+    trainer = tower_trainer(network, config, devices, config.base_lr, weight_average=False)
     batch, classes = problem.images.shape, problem.num_classes
     for step in range(UPDATE_STEPS):
         seed = [problem.seed, 10 + step]

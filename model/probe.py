@@ -189,8 +189,8 @@ class _Session:
         from towerbench.model.devices import TowerDevices
         from towerbench.model.input_pipeline import network_input_shape
         from towerbench.model.networks import build_network
-        from towerbench.model.optimizers import build_optimizer, check_weight_decay_once
-        from towerbench.model.towers import TowerTrainer
+        from towerbench.model.optimizers import check_weight_decay_once
+        from towerbench.model.towers import tower_trainer
 
         config = self.config
         keras.utils.set_random_seed(config.seed)
@@ -207,21 +207,14 @@ class _Session:
             batch = config.global_batch * towers
             config = config.model_copy(update={"global_batch": batch, "lr_scaling": "sqrt"})
         check_weight_decay_once(network.model, config)
-        optimizer = build_optimizer(config, learning_rate)
         devices = TowerDevices(
             devices=self.device.devices[:1] * towers if on_first_device else self.device.devices,
             parameter_device=self.device.parameter_device,
             kind=self.device.kind,
             replicas=towers,
         )
-        return TowerTrainer(
-            network,
-            optimizer,
-            devices,
-            weight_decay=config.l2_weight_decay,
-            jit_compile=config.xla,
-            precision=config.precision,
-        )
+        averaged = config.model_copy(update={"aggregation": "mean"})
+        return tower_trainer(network, averaged, devices, learning_rate, weight_average=False)
 
     def _batches(self, batch: int, towers: int) -> Iterator[tuple]:
         """The run's training batches of `batch` examples, epoch after epoch."""
@@ -251,7 +244,7 @@ class _Session:
             if int(images.shape[0]) != batch:
                 continue  # an epoch's short last batch: keep every step at one batch size
             trainer.step(images, labels)
-            losses.append(float(trainer.last_cross_entropy.numpy()))  # waits for the step
+            losses.append(trainer.metrics.last_step()[0])  # waits for the step
             if len(losses) == UNTIMED_STEPS:
                 timed_from = time.perf_counter()
             if on_step is not None:
@@ -271,12 +264,16 @@ class _Session:
         along: list[tuple[int, float]] = []
         every = max(steps // NOISE_SAMPLES, 1)
 
+        def noise_scale() -> float:
+            value = trainer.noise_scale()
+            return math.nan if value is None else value
+
         def sample(step: int) -> None:
             if micro > 1 and step % every == 0:
-                along.append((step, trainer.noise.value()))
+                along.append((step, noise_scale()))
 
         losses, _, _ = self._run(trainer, batch, micro, steps, sample)
-        value = trainer.noise.value() if micro > 1 else math.nan
+        value = noise_scale()
         return NoiseProbe(
             noise_scale=value if math.isfinite(value) else None,
             batch=batch,

@@ -185,8 +185,8 @@ def _tower_trainer(
 
     from towerbench.model.input_pipeline import network_input_shape
     from towerbench.model.networks import build_network
-    from towerbench.model.optimizers import build_optimizer, check_weight_decay_once
-    from towerbench.model.towers import TowerTrainer
+    from towerbench.model.optimizers import check_weight_decay_once
+    from towerbench.model.towers import tower_trainer
 
     keras.utils.set_random_seed(config.seed)
     input_shape = network_input_shape(manifest.features, config.crop_size)
@@ -196,18 +196,7 @@ def _tower_trainer(
         )
     check_weight_decay_once(network.model, config)
     rate = _learning_rate(config, manifest, plan, devices)
-    trainer = TowerTrainer(
-        network,
-        build_optimizer(config, rate.learning_rate),
-        devices,
-        config.aggregation,
-        config.l2_weight_decay,
-        config.ema_decay,
-        config.xla,
-        cluster,
-        config.precision,
-        rate.adascale,
-    )
+    trainer = tower_trainer(network, config, devices, rate.learning_rate, cluster, rate.adascale)
     return network, trainer, rate
 
 
@@ -273,7 +262,7 @@ def _restore(
 
     checkpoints: Checkpoints | None = None
     history: list[EpochRecord] = []
-    state = training_state(trainer.model, trainer.optimizer, trainer)
+    state = training_state(trainer)
     if checkpoint_dir is not None and trainer.cluster.is_chief:
         checkpoints, history = Checkpoints.open(Path(checkpoint_dir), config, state)
     # Seeds agree on every worker; this also hands a resumed chief's state to the others.
@@ -293,10 +282,10 @@ def _at_end(run: _Run) -> bool:
     that could bring tau to its budget: tau is read (a wait for the device) only there."""
     if run.step < run.total_steps:
         return False
-    adascale = run.trainer.adascale
+    adascale = run.trainer.adascale_state()
     if run.budget is None or adascale is None:
         return True
-    left = run.budget.steps_left(adascale.read().tau)
+    left = run.budget.steps_left(adascale.tau)
     run.total_steps = run.step + left
     return left == 0
 
@@ -358,8 +347,7 @@ def _train_one_epoch(run: _Run, on_progress: ProgressCallback | None) -> EpochRe
 
 def _diverged(run: _Run) -> bool:
     """Whether the last step diverged (reading its losses waits for the step)."""
-    cross_entropy = float(run.trainer.last_cross_entropy.numpy())
-    total_loss = float(run.trainer.last_loss.numpy())
+    cross_entropy, total_loss = run.trainer.metrics.last_step()
     return diverged(cross_entropy, total_loss, run.classes, run.config.divergence_factor)
 
 
@@ -370,7 +358,7 @@ def _progress(run: _Run) -> dict[str, Any]:
         "epoch": run.epoch,
         "step": run.step,
         "lr": float(lr),
-        **run.trainer.read_metrics(),
+        **run.trainer.metrics.read(),
         "images_per_sec": run.clock.epoch_rate(),
         **_adascale_metrics(run),
     }
@@ -378,9 +366,9 @@ def _progress(run: _Run) -> dict[str, Any]:
 
 def _adascale_metrics(run: _Run) -> dict[str, float]:
     """Under adascale: the gain, sigma^2, |mu|^2 and tau (model.adascale.AdaScaleState)."""
-    if run.trainer.adascale is None:
+    state = run.trainer.adascale_state()
+    if state is None:
         return {}
-    state = run.trainer.adascale.read()
     return {f"adascale_{name}": value for name, value in asdict(state).items()}
 
 
@@ -391,10 +379,9 @@ def _epoch_record(run: _Run) -> EpochRecord:
         "step_time": run.clock.epoch_step_time(),
         "wall_time": run.clock.wall_time(),
     }
-    run.trainer.reset_metrics()
+    run.trainer.metrics.reset()
     tested = _test_metrics(run) if _evaluation_due(run) else {}
-    noise_scale = run.trainer.noise.value() if run.devices.replicas > 1 else None
-    return EpochRecord(**trained, **tested, noise_scale=noise_scale)
+    return EpochRecord(**trained, **tested, noise_scale=run.trainer.noise_scale())
 
 
 def _evaluation_due(run: _Run) -> bool:
@@ -437,9 +424,10 @@ def _effective_lr(run: _Run) -> float:
     """The peak LR after scaling. Under adascale the gain changes every step: the base LR times
     the run's mean gain tau / updates, the LR a fixed rule would need to make the same progress
     in as many updates."""
-    if run.trainer.adascale is None or run.step == 0:
+    adascale = run.trainer.adascale_state()
+    if adascale is None or run.step == 0:
         return run.schedule.peak_lr
-    return run.schedule.peak_lr * run.trainer.adascale.read().tau / run.step
+    return run.schedule.peak_lr * adascale.tau / run.step
 
 
 def _final_metrics(run: _Run, confusion: np.ndarray) -> FinalMetrics:
@@ -469,7 +457,7 @@ def _final_metrics(run: _Run, confusion: np.ndarray) -> FinalMetrics:
         parameter_device=devices.parameter_device,
         replicas=devices.replicas,
         cluster=list(run.cluster.addresses),
-        noise_scale=run.trainer.noise.value() if devices.replicas > 1 else None,
+        noise_scale=run.trainer.noise_scale(),
         **last_losses(run.history),
         unstable=instability(run.history, run.classes, test_accuracy),
     )

@@ -11,9 +11,8 @@ import tensorflow as tf
 from towerbench.config.sections import TrainConfig
 from towerbench.model.devices import TowerDevices
 from towerbench.model.networks import build_network
-from towerbench.model.optimizers import build_optimizer
 from towerbench.model.schedules import StepSchedule, schedule_from_config
-from towerbench.model.towers import TowerTrainer
+from towerbench.model.towers import tower_trainer
 from towerbench.speed.workload import IMAGE_SHAPE, NETWORK, NUM_CLASSES, synthetic_batch
 
 # CIFAR-10's 50,000 training images at the tutorial's batch: only the schedule's shape uses it.
@@ -39,16 +38,7 @@ def tower_step_runner(
     # The configured optimizer, as model/training.py builds it, on the epoch-counted schedule.
     at_batch = config.model_copy(update={"global_batch": global_batch})
     learning_rate = StepSchedule(schedule_from_config(config, global_batch), STEPS_PER_EPOCH)
-    trainer = TowerTrainer(
-        network,
-        build_optimizer(at_batch, learning_rate),
-        tower_devices,
-        aggregation=config.aggregation,
-        weight_decay=config.l2_weight_decay,
-        ema_decay=config.ema_decay,
-        jit_compile=config.xla,
-        precision=config.precision,
-    )
+    trainer = tower_trainer(network, at_batch, tower_devices, learning_rate)
     images, labels = synthetic_batch(global_batch, config.seed, image_shape)
 
     def run() -> float:

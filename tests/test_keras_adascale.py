@@ -56,7 +56,7 @@ def _trainers_run(weights: list[np.ndarray], images, labels, optimizer):
         batch = slice(step * global_batch, (step + 1) * global_batch)
         trainer.step(tf.constant(images[batch]), tf.constant(labels[batch]))
         gains.append(float(state.gain.numpy()))
-    return gains, float(state.tau.numpy()), model.get_weights(), trainer.noise.value()
+    return gains, float(state.tau.numpy()), model.get_weights(), trainer.noise_scale()
 
 
 class _GainsEachStep(keras.callbacks.Callback):
@@ -139,7 +139,7 @@ def test_noise_scale_in_fit_is_the_trainers_estimate(tmp_path) -> None:
     for step in range(STEPS):
         batch = slice(step * global_batch, (step + 1) * global_batch)
         trainer.step(tf.constant(images[batch]), tf.constant(labels[batch]))
-    expected = trainer.noise.value()
+    expected = trainer.noise_scale()
     assert np.isfinite(expected)
     with fixtures_model.mirrored_strategy().scope():
         model = _network()

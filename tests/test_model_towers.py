@@ -12,7 +12,8 @@ from towerbench.model.devices import configure_tower_devices, plan_devices
 from towerbench.model.gradcheck import run_gradcheck
 from towerbench.model.networks import build_network
 from towerbench.model.noise_scale import noise_estimates
-from towerbench.model.towers import TowerTrainer, shard_sizes
+from towerbench.model.tower_gradients import shard_sizes
+from towerbench.model.towers import TowerTrainer
 
 pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
@@ -87,7 +88,7 @@ def test_weight_decay_is_added_once_per_step_not_once_per_tower():
         for variable, start in zip(network.model.trainable_variables, before, strict=True)
         if variable.path in decayed
     )
-    assert float(trainer.weight_decay_loss.numpy()) == pytest.approx(expected, rel=1e-5)
+    assert float(trainer.metrics.weight_decay_loss.numpy()) == pytest.approx(expected, rel=1e-5)
 
 
 def test_shard_sizes_and_device_plans():

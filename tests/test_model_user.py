@@ -267,7 +267,7 @@ def test_the_models_regularizers_enter_once_per_step_not_once_per_tower(tmp_path
         start = [v.numpy() for v in network.model.trainable_variables]
         trainer.step(images, labels)
         after.append([v.numpy() for v in network.model.trainable_variables])
-        reported.append(float(trainer.weight_decay_loss.numpy()))
+        reported.append(float(trainer.metrics.weight_decay_loss.numpy()))
     # By hand, at the starting weights: 0.01 * sum(w**2) of the hidden kernel, and the activity
     # term 0.02 * sum(h**2) / batch over the whole batch (Keras divides by the batch).
     model = network.model
