@@ -150,10 +150,9 @@ class AdaScale(tf.Module):
         if self.replicas == 1 or scale == 1.0:
             return tf.constant(1.0)
         sigma_sq, mu_sq = self._averages()
-        denominator = sigma_sq / scale + mu_sq
         # Nothing averaged yet (or a zero gradient): no evidence for a gain.
-        safe = tf.where(denominator > 0.0, denominator, 1.0)
-        return tf.where(denominator > 0.0, (sigma_sq + mu_sq) / safe, 1.0)
+        evidence = sigma_sq / scale + mu_sq > 0.0
+        return tf.where(evidence, gain_ratio(sigma_sq, mu_sq, scale), 1.0)
 
     def _averages(self) -> tuple[tf.Tensor, tf.Tensor]:
         """Bias-corrected (sigma^2 at the reference batch, |mu|^2), clamped at 0."""
