@@ -184,21 +184,12 @@ class _Session:
         the rule of its family gives it at that batch (an adaptive optimizer's square-root
         rule)."""
         import keras
-        import tensorflow as tf
 
         from towerbench.model.devices import TowerDevices
-        from towerbench.model.input_pipeline import network_input_shape
-        from towerbench.model.networks import build_network
-        from towerbench.model.optimizers import check_weight_decay_once
-        from towerbench.model.towers import tower_trainer
+        from towerbench.model.towers import seeded_network, tower_trainer
 
         config = self.config
-        keras.utils.set_random_seed(config.seed)
-        shape = network_input_shape(self.manifest.features, config.crop_size)
-        with tf.device(self.device.parameter_device):
-            network = build_network(
-                config.model, shape, len(self.manifest.classes), config.seed, config.precision
-            )
+        network = seeded_network(config, self.manifest, self.device.parameter_device)
         self.has_batchnorm = any(
             isinstance(layer, keras.layers.BatchNormalization)
             for layer in network.model._flatten_layers()
@@ -206,7 +197,6 @@ class _Session:
         if not on_first_device:  # the K-tower batch: the family's rule sets the hyperparameters
             batch = config.global_batch * towers
             config = config.model_copy(update={"global_batch": batch, "lr_scaling": "sqrt"})
-        check_weight_decay_once(network.model, config)
         devices = TowerDevices(
             devices=self.device.devices[:1] * towers if on_first_device else self.device.devices,
             parameter_device=self.device.parameter_device,

@@ -24,12 +24,14 @@ import keras
 import tensorflow as tf
 
 from towerbench.config.sections import TrainConfig
+from towerbench.core.tfrecord_format import Manifest
 from towerbench.model.adascale import AdaScale, AdaScaleState
 from towerbench.model.cluster import Cluster
 from towerbench.model.devices import TowerDevices
-from towerbench.model.networks import Network
+from towerbench.model.input_pipeline import network_input_shape
+from towerbench.model.networks import Network, build_network
 from towerbench.model.noise_scale import NoiseScaleEstimator
-from towerbench.model.optimizers import build_optimizer
+from towerbench.model.optimizers import build_optimizer, check_weight_decay_once
 from towerbench.model.precision import LossScale, Precision
 from towerbench.model.step_metrics import StepMetrics
 from towerbench.model.tower_gradients import TowerGradientFunction, TowerGradients
@@ -142,6 +144,20 @@ class TowerTrainer:
             **scaled,
             **adascale,
         }
+
+
+def seeded_network(config: TrainConfig, manifest: Manifest, parameter_device: str) -> Network:
+    """The configured network for `manifest`'s examples and classes at its seeded initial weights,
+    on the parameter device; refused when its regularizers and the optimizer would both decay
+    the weights."""
+    keras.utils.set_random_seed(config.seed)
+    input_shape = network_input_shape(manifest.features, config.crop_size)
+    with tf.device(parameter_device):
+        network = build_network(
+            config.model, input_shape, len(manifest.classes), config.seed, config.precision
+        )
+    check_weight_decay_once(network.model, config)
+    return network
 
 
 def tower_trainer(

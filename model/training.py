@@ -180,21 +180,9 @@ def _tower_trainer(
 ) -> tuple[Network, TowerTrainer, _LearningRate]:
     """The network at its seeded initial weights, its optimizer following the LR, and the
     tower step that trains it."""
-    import keras
-    import tensorflow as tf
+    from towerbench.model.towers import seeded_network, tower_trainer
 
-    from towerbench.model.input_pipeline import network_input_shape
-    from towerbench.model.networks import build_network
-    from towerbench.model.optimizers import check_weight_decay_once
-    from towerbench.model.towers import tower_trainer
-
-    keras.utils.set_random_seed(config.seed)
-    input_shape = network_input_shape(manifest.features, config.crop_size)
-    with tf.device(devices.parameter_device):
-        network = build_network(
-            config.model, input_shape, len(manifest.classes), config.seed, config.precision
-        )
-    check_weight_decay_once(network.model, config)
+    network = seeded_network(config, manifest, devices.parameter_device)
     rate = _learning_rate(config, manifest, plan, devices)
     trainer = tower_trainer(network, config, devices, rate.learning_rate, cluster, rate.adascale)
     return network, trainer, rate
