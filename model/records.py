@@ -50,7 +50,7 @@ class EpochRecord:
 
     epoch: float  # steps / steps per epoch: fractional when a run ends mid-epoch
     step: int
-    lr: float
+    lr: float  # the mean LR of the epoch's steps
     cross_entropy: float  # mean over the epoch's examples of all towers
     weight_decay_loss: float  # the last step's
     total_loss: float  # cross_entropy + weight_decay_loss
@@ -62,6 +62,8 @@ class EpochRecord:
     test_accuracy: float = math.nan  # raw weights
     ema_test_accuracy: float = math.nan  # moving average of the weights
     noise_scale: float | None = None  # k >= 2 towers only
+    lr_first: float | None = None  # the epoch's first and last step's LR, where they differ
+    lr_last: float | None = None
     # lr_scaling adascale only (model.adascale): the last step's gain, the averaged sigma^2 (of a
     # reference-batch gradient) and |mu|^2, and the progress tau in reference steps.
     adascale_gain: float | None = None

@@ -10,7 +10,7 @@ made of small parts in this order:
 6. the non-trainable state (BatchNorm's statistics) takes the towers' average;
 7. `WeightAverage`: the weights' EMA;
 8. `NoiseScaleEstimator` (model.noise_scale): the gradient noise scale's averages;
-9. `StepMetrics`: the losses and accuracy, in variables.
+9. `StepMetrics`: the losses, the accuracy and the LR the step used, in variables.
 AdaScale, its schedule and the noise-scale estimator are the objects towerbench.keras wraps.
 
 The whole step is one `tf.function`: the Python loop over towers runs only while tracing.
@@ -106,6 +106,7 @@ class TowerTrainer:
             ]
             if self.adascale is not None:  # the LR of this step is lr(tau) * gain
                 self.adascale.update(combined.small_norm_sq, combined.big_norm_sq, batch)
+            lr = self.optimizer.learning_rate  # as the update uses it: before it counts the step
             self.loss_scale.apply(self.optimizer, gradients, self.trainable)
             if self.adascale is not None:
                 self.adascale.advance()
@@ -115,7 +116,7 @@ class TowerTrainer:
                 variable.assign(value)
             self.weight_average.update(self.optimizer.iterations)
             self._update_noise(combined, local_batch, batch)
-            return self.metrics.record(combined, decay_loss + combined.model_loss, batch)
+            return self.metrics.record(combined, decay_loss + combined.model_loss, batch, lr)
 
     def _update_noise(self, combined: TowerGradients, local_batch: int, batch: int) -> None:
         if self.replicas > 1 and local_batch % self.towers == 0:

@@ -106,9 +106,9 @@ class _Run:
     last_report: float = field(default_factory=time.perf_counter)
     last_eval_epoch: float = 0.0
     confusion: np.ndarray | None = None  # of the last evaluation in this process
-    # adascale: the LR at tau, and the budget that extends `total_steps` until tau reaches it
-    adascale_schedule: AdaScaleSchedule | None = None
-    budget: ScaleInvariantBudget | None = None
+    budget: ScaleInvariantBudget | None = (
+        None  # adascale: extends `total_steps` until tau reaches it
+    )
 
     @property
     def classes(self) -> int:
@@ -166,7 +166,6 @@ def _set_up(
         step=step,
         # A resumed run counts from its last record, evaluated or not.
         last_eval_epoch=history[-1].epoch if history else 0.0,
-        adascale_schedule=rate.learning_rate if rate.adascale is not None else None,
         budget=rate.budget,
     )
 
@@ -340,12 +339,11 @@ def _diverged(run: _Run) -> bool:
 
 
 def _progress(run: _Run) -> dict[str, Any]:
-    """Where training is and its running metrics: the live progress and the epoch record's start."""
-    lr = run.schedule(run.epoch) if run.adascale_schedule is None else run.adascale_schedule(None)
+    """Where training is and its running metrics (the LR: the mean of the steps so far): the
+    live progress and the epoch record's start."""
     return {
         "epoch": run.epoch,
         "step": run.step,
-        "lr": float(lr),
         **run.trainer.metrics.read(),
         "images_per_sec": run.clock.epoch_rate(),
         **_adascale_metrics(run),

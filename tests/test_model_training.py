@@ -150,7 +150,11 @@ def test_tutorial_bn_with_nesterov_and_linear_decay_learns_and_reports_its_losse
     assert result.status == "completed" and final.unstable is None
     assert final.test_accuracy > 0.5  # chance is 0.1
     assert final.effective_lr == pytest.approx(0.04)
-    assert result.history[-1].lr == pytest.approx(0.0, abs=1e-6)  # decayed to 0 at the end
+    # Linear decay from 0.04 after 1 warmup epoch to 0 at epoch 4, 10 steps an epoch: the last
+    # epoch's steps used the LR at epochs 3.0 ... 3.9; its mean is at epoch 3.45.
+    decayed = [0.04 * (1 - (epoch - 1) / 3) for epoch in (3.0, 3.45, 3.9)]
+    last_epoch = result.history[-1]
+    assert (last_epoch.lr_first, last_epoch.lr, last_epoch.lr_last) == pytest.approx(decayed)
     last = result.history[-1]
     assert final.train_cross_entropy == last.cross_entropy
     assert final.train_total_loss == pytest.approx(
