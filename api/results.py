@@ -20,6 +20,11 @@ class TrainResult(BaseModel):
     error: str | None = None
     test_accuracy: float | None = None
     ema_test_accuracy: float | None = None  # the moving average of the weights
+    # With BatchNorm: with its moving statistics, and with statistics re-estimated at the
+    # weights (model.batch_norm_statistics); the EMA weights with their own.
+    test_accuracy_moving_bn: float | None = None
+    test_accuracy_recomputed_bn: float | None = None
+    ema_test_accuracy_recomputed_bn: float | None = None
     train_cross_entropy: float | None = None  # the last epoch's, over all towers' examples
     test_cross_entropy: float | None = None
     images_per_sec: float | None = None
@@ -41,6 +46,9 @@ def train_result(sweep: SweepResult, client: MlflowClient) -> TrainResult:
         error=config.error,
         test_accuracy=config.test_accuracy,
         ema_test_accuracy=metrics.get("ema_test_accuracy"),
+        test_accuracy_moving_bn=metrics.get("test_accuracy_moving_bn"),
+        test_accuracy_recomputed_bn=metrics.get("test_accuracy_recomputed_bn"),
+        ema_test_accuracy_recomputed_bn=metrics.get("ema_test_accuracy_recomputed_bn"),
         train_cross_entropy=metrics.get("train_cross_entropy"),
         test_cross_entropy=metrics.get("test_cross_entropy"),
         images_per_sec=metrics.get("images_per_sec"),

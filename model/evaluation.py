@@ -35,10 +35,10 @@ class Evaluator:
         self.non_trainable = model.non_trainable_variables
 
         @tf.function(autograph=False)  # no tensor-dependent Python control flow
-        def predict_batch(weights, images, labels, mask):
+        def predict_batch(weights, non_trainable, images, labels, mask):
             with tf.device(self.device):
                 logits, _ = self.model.stateless_call(
-                    weights, [v.value for v in self.non_trainable], images, training=False
+                    weights, non_trainable, images, training=False
                 )
                 predictions = tf.argmax(logits, -1, tf.int32)
                 kept = tf.where(mask, labels, 0)
@@ -55,13 +55,19 @@ class Evaluator:
 
         self.predict_batch = predict_batch
 
-    def evaluate(self, weights) -> tuple[np.ndarray, float]:
-        """(confusion matrix [true, predicted class], mean test cross-entropy) of `weights`."""
+    def evaluate(self, weights, non_trainable=None) -> tuple[np.ndarray, float]:
+        """(confusion matrix [true, predicted class], mean test cross-entropy) of `weights`,
+        with the model's own non-trainable values (BatchNorm's moving statistics) unless
+        `non_trainable` gives others (model.batch_norm_statistics)."""
         values = [tf.convert_to_tensor(w) for w in weights]
+        state = [
+            tf.convert_to_tensor(v)
+            for v in (non_trainable or [v.value for v in self.non_trainable])
+        ]
         total = np.zeros((self.classes, self.classes), np.int64)
         cross_entropy = 0.0
         for images, labels, mask in self.dataset:
-            confusion, loss_sum = self.predict_batch(values, images, labels, mask)
+            confusion, loss_sum = self.predict_batch(values, state, images, labels, mask)
             total += confusion.numpy()
             cross_entropy += float(loss_sum.numpy())
         return total, cross_entropy / max(int(total.sum()), 1)

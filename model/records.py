@@ -61,6 +61,11 @@ class EpochRecord:
     test_cross_entropy: float = math.nan
     test_accuracy: float = math.nan  # raw weights
     ema_test_accuracy: float = math.nan  # moving average of the weights
+    # With BatchNorm: the raw weights with its moving statistics (= test_accuracy) and with
+    # statistics re-estimated at them; the EMA weights with their own re-estimated ones.
+    test_accuracy_moving_bn: float | None = None
+    test_accuracy_recomputed_bn: float | None = None
+    ema_test_accuracy_recomputed_bn: float | None = None
     noise_scale: float | None = None  # k >= 2 towers only
     lr_first: float | None = None  # the epoch's first and last step's LR, where they differ
     lr_last: float | None = None
@@ -109,6 +114,10 @@ class FinalMetrics:
     # The workers' host:port, chief first; empty for a run in one process.
     cluster: list[str] = field(default_factory=list, metadata=_param())
     noise_scale: float | None = field(default=None, metadata=_METRIC)  # k >= 2 towers only
+    # With BatchNorm, the last evaluation's (EpochRecord's fields of these names).
+    test_accuracy_moving_bn: float | None = field(default=None, metadata=_METRIC)
+    test_accuracy_recomputed_bn: float | None = field(default=None, metadata=_METRIC)
+    ema_test_accuracy_recomputed_bn: float | None = field(default=None, metadata=_METRIC)
     # The last epoch's training losses (all towers), the last test cross-entropy and the gap:
     # what the report's loss paradox is made of. None when nothing was trained or tested.
     train_cross_entropy: float | None = field(default=None, metadata=_LOSS)

@@ -40,6 +40,7 @@ from towerbench.model.training_data import load_training_data, read_failure
 if TYPE_CHECKING:  # set-up imports these: Keras and the graph builders load when training starts
     from towerbench.core.tfrecord_format import Manifest
     from towerbench.model.adascale import AdaScale, AdaScaleSchedule, ScaleInvariantBudget
+    from towerbench.model.batch_norm_statistics import BatchNormStatistics
     from towerbench.model.checkpoints import Checkpoints
     from towerbench.model.evaluation import Evaluator
     from towerbench.model.input_pipeline import Distortions, EpochPlan
@@ -106,9 +107,11 @@ class _Run:
     last_report: float = field(default_factory=time.perf_counter)
     last_eval_epoch: float = 0.0
     confusion: np.ndarray | None = None  # of the last evaluation in this process
-    budget: ScaleInvariantBudget | None = (
-        None  # adascale: extends `total_steps` until tau reaches it
-    )
+    # With BatchNorm: its statistics re-estimated at the evaluated weights, on fixed batches.
+    batch_norm: BatchNormStatistics | None = None
+    batch_norm_batches: list | None = None  # read at the first evaluation
+    # adascale: the budget that extends `total_steps` until tau reaches it
+    budget: ScaleInvariantBudget | None = None
 
     @property
     def classes(self) -> int:
@@ -132,6 +135,7 @@ def _set_up(
     devices = configure_tower_devices(
         config.towers, config.device_type, config.parameter_device, config.workers
     )
+    from towerbench.model.batch_norm_statistics import BatchNormStatistics, has_batch_norm
     from towerbench.model.evaluation import Evaluator
     from towerbench.model.input_pipeline import Distortions, EpochPlan
 
@@ -167,6 +171,11 @@ def _set_up(
         # A resumed run counts from its last record, evaluated or not.
         last_eval_epoch=history[-1].epoch if history else 0.0,
         budget=rate.budget,
+        batch_norm=BatchNormStatistics(
+            network.model, devices.devices[0], config.global_batch // config.replicas
+        )
+        if has_batch_norm(network.model)
+        else None,
     )
 
 
@@ -382,10 +391,46 @@ def _test_metrics(run: _Run) -> dict[str, Any]:
 
     run.last_eval_epoch = run.epoch
     run.confusion, test_cross_entropy = run.evaluator.evaluate(run.trainer.trainable)
+    test_accuracy = accuracy(run.confusion)
     return {
         "test_cross_entropy": test_cross_entropy,
-        "test_accuracy": accuracy(run.confusion),
+        "test_accuracy": test_accuracy,
         "ema_test_accuracy": accuracy(run.evaluator.evaluate(run.trainer.ema_weights)[0]),
+        **_recomputed_bn_metrics(run, test_accuracy),
+    }
+
+
+def _recomputed_bn_metrics(run: _Run, test_accuracy: float) -> dict[str, float]:
+    """With BatchNorm: the test accuracy with its moving statistics, and with statistics
+    re-estimated at the evaluated weights (raw and EMA weights, each their own)."""
+    from towerbench.model.batch_norm_statistics import RECOMPUTE_BATCHES
+    from towerbench.model.evaluation import accuracy
+    from towerbench.model.input_pipeline import train_dataset
+
+    if run.batch_norm is None:
+        return {}
+    if run.batch_norm_batches is None:  # epoch 0's first batches (this worker's slices)
+        batches = train_dataset(
+            run.train_files,
+            run.manifest.features,
+            run.plan,
+            run.distortions,
+            run.config.seed,
+            0,
+            0,
+            run.cluster.index,
+        )
+        run.batch_norm_batches = [images for images, _ in batches.take(RECOMPUTE_BATCHES)]
+    statistics = run.batch_norm
+
+    def recomputed(weights) -> float:
+        estimated = statistics.estimate(weights, run.batch_norm_batches or [])
+        return accuracy(run.evaluator.evaluate(weights, estimated)[0])
+
+    return {
+        "test_accuracy_moving_bn": test_accuracy,
+        "test_accuracy_recomputed_bn": recomputed(run.trainer.trainable),
+        "ema_test_accuracy_recomputed_bn": recomputed(run.trainer.ema_weights),
     }
 
 
@@ -416,6 +461,19 @@ def _effective_lr(run: _Run) -> float:
     return run.schedule.peak_lr * adascale.tau / run.step
 
 
+def _last_batch_norm_metrics(history: list[EpochRecord]) -> dict[str, float | None]:
+    """The last evaluation's accuracies with moving and re-estimated BatchNorm statistics."""
+    evaluated = [r for r in history if r.test_accuracy_recomputed_bn is not None]
+    if not evaluated:
+        return {}
+    last = evaluated[-1]
+    return {
+        "test_accuracy_moving_bn": last.test_accuracy_moving_bn,
+        "test_accuracy_recomputed_bn": last.test_accuracy_recomputed_bn,
+        "ema_test_accuracy_recomputed_bn": last.ema_test_accuracy_recomputed_bn,
+    }
+
+
 def _final_metrics(run: _Run, confusion: np.ndarray) -> FinalMetrics:
     """Final accuracies, steady-state speed, where the run ran, its last losses and stability."""
     from towerbench.model.evaluation import accuracy
@@ -444,6 +502,7 @@ def _final_metrics(run: _Run, confusion: np.ndarray) -> FinalMetrics:
         replicas=devices.replicas,
         cluster=list(run.cluster.addresses),
         noise_scale=run.trainer.noise_scale(),
+        **_last_batch_norm_metrics(run.history),
         **last_losses(run.history),
         unstable=instability(run.history, run.classes, test_accuracy),
     )

@@ -1,0 +1,83 @@
+"""BatchNorm's statistics re-estimated at given weights ("precise BN", Wu & Johnson 2021,
+"Rethinking 'Batch' in BatchNorm").
+
+BatchNorm's moving statistics move once per optimizer *step* (moving = m x moving + (1 - m) x
+batch statistic), so k towers, which make k times fewer steps per epoch, leave them further
+behind the weights at equal epochs: after n steps m^n of the initial statistics is still in them.
+Re-estimated, they are the average over a fixed set of training batches of what each batch's
+update would add: each tower-sized shard's batch mean and variance, computed in training mode at
+the evaluated weights. Evaluating with them measures the weights without that lag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import keras
+import tensorflow as tf
+
+from towerbench.model.user_model import layers_of
+
+# Training batches the statistics are re-estimated on (each split into the run's tower shards).
+RECOMPUTE_BATCHES = 10
+
+
+def has_batch_norm(model: keras.Model) -> bool:
+    return any(isinstance(layer, keras.layers.BatchNormalization) for layer in layers_of(model))
+
+
+class BatchNormStatistics:
+    """The model's non-trainable values with every BatchNorm layer's moving mean and variance
+    replaced by their average over batches, at given weights."""
+
+    def __init__(self, model: keras.Model, device: str, shard: int):
+        self.model, self.device, self.shard = model, device, shard
+        self.non_trainable = list(model.non_trainable_variables)
+        # Each moving statistic's update weight 1 - momentum (None: not a BatchNorm statistic).
+        weight: dict[int, float] = {}
+        for layer in layers_of(model):
+            if isinstance(layer, keras.layers.BatchNormalization) and layer.momentum < 1.0:
+                for variable in (layer.moving_mean, layer.moving_variance):
+                    weight[id(variable)] = 1.0 - layer.momentum
+        self.update_weights = [weight.get(id(v)) for v in self.non_trainable]
+
+        @tf.function(autograph=False)
+        def shard_statistics(weights, images):
+            """Each moving statistic's batch value on `images` (the others' own value): the
+            update of a statistic started at 0, divided by its weight."""
+            started = [
+                tf.zeros_like(v.value) if w is not None else v.value
+                for v, w in zip(self.non_trainable, self.update_weights, strict=True)
+            ]
+            with tf.device(self.device):
+                _, updated = self.model.stateless_call(weights, started, images, training=True)
+            return [
+                value if w is None else value / w
+                for value, w in zip(updated, self.update_weights, strict=True)
+            ]
+
+        self.shard_statistics = shard_statistics
+
+    def estimate(self, weights: Sequence, batches: Iterable[tf.Tensor]) -> list[tf.Tensor]:
+        """The non-trainable values to evaluate `weights` with: BatchNorm's statistics averaged
+        over every shard of `batches`, the rest as they are."""
+        values = [tf.convert_to_tensor(w) for w in weights]
+        sums: list[tf.Tensor] | None = None
+        shards = 0
+        for images in batches:
+            for start in range(0, int(images.shape[0]) - self.shard + 1, self.shard):
+                statistics = self.shard_statistics(values, images[start : start + self.shard])
+                sums = (
+                    statistics
+                    if sums is None
+                    else [a + b for a, b in zip(sums, statistics, strict=True)]
+                )
+                shards += 1
+        if sums is None:
+            raise ValueError(f"no training batch of {self.shard} examples to estimate BatchNorm")
+        return [
+            variable.value if w is None else total / shards
+            for variable, w, total in zip(
+                self.non_trainable, self.update_weights, sums, strict=True
+            )
+        ]
