@@ -11,7 +11,13 @@ from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Status
 from towerbench.model.noise_advice import advising_noise_scale
 from towerbench.model.records import LOSS_METRICS
-from towerbench.tasks.report.statistics import ADASCALE_METRICS, Curve, EpochCurve, RunRecord
+from towerbench.tasks.report.statistics import (
+    ADASCALE_METRICS,
+    BN_METRICS,
+    Curve,
+    EpochCurve,
+    RunRecord,
+)
 from towerbench.tasks.tracking import (
     CONFIG_TAG,
     ERROR_TAG,
@@ -36,9 +42,10 @@ def _by_epoch(epochs: dict[int, float], values: dict[int, float]) -> tuple[list,
 
 def _curves(
     client: MlflowClient, run_id: str
-) -> tuple[Curve, dict[str, EpochCurve], dict[str, EpochCurve]]:
+) -> tuple[Curve, dict[str, EpochCurve], dict[str, EpochCurve], dict[str, EpochCurve]]:
     """Test accuracy per evaluation (with its epoch and wall time), the training and test
-    cross-entropy per epoch, and the noise scale and AdaScale's values per epoch (those logged)."""
+    cross-entropy per epoch, the noise scale and AdaScale's values per epoch, and with BatchNorm
+    the accuracies with moving and re-estimated statistics per evaluation (those logged)."""
     epochs = _history(client, run_id, "epoch")
     accuracy = _history(client, run_id, "test_accuracy")
     wall = _history(client, run_id, "wall_time")
@@ -52,8 +59,14 @@ def _curves(
         "train": _by_epoch(epochs, _history(client, run_id, "cross_entropy")),
         "test": _by_epoch(epochs, _history(client, run_id, "test_cross_entropy")),
     }
-    noise = {key: _by_epoch(epochs, _history(client, run_id, key)) for key in NOISE_METRICS}
-    return curve, losses, {key: values for key, values in noise.items() if values[0]}
+    logged = {
+        key: _by_epoch(epochs, _history(client, run_id, key))
+        for key in (*NOISE_METRICS, *BN_METRICS)
+    }
+    logged = {key: values for key, values in logged.items() if values[0]}
+    noise = {key: values for key, values in logged.items() if key in NOISE_METRICS}
+    batch_norm = {key: values for key, values in logged.items() if key in BN_METRICS}
+    return curve, losses, noise, batch_norm
 
 
 NOISE_METRICS = ("noise_scale", *ADASCALE_METRICS)
@@ -73,7 +86,7 @@ def _untagged_status(run: Run) -> Status:
 
 def run_record(client: MlflowClient, run: Run) -> RunRecord:
     tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
-    curve, loss_curves, noise_curves = _curves(client, run.info.run_id)
+    curve, loss_curves, noise_curves, bn_curves = _curves(client, run.info.run_id)
     return RunRecord(
         run_id=run.info.run_id,
         name=run.info.run_name,
@@ -95,6 +108,7 @@ def run_record(client: MlflowClient, run: Run) -> RunRecord:
         losses={key: metrics[key] for key in LOSS_METRICS if key in metrics},
         loss_curves=loss_curves,
         noise_curves=noise_curves,
+        bn_curves=bn_curves,
     )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from towerbench.config.optimizers import DECOUPLED_WEIGHT_DECAY
 from towerbench.core.markdown import markdown_table
+from towerbench.tasks.report.batch_norm import lag_section
 from towerbench.tasks.report.columns import (
     ACCURACY_COLUMNS,
     ADASCALE_COLUMNS,
@@ -339,6 +340,7 @@ def render_report(
         ["## Accuracy", "", table(ACCURACY_COLUMNS, rows)],
         _verdicts(rows),
         _losses(rows),
+        lag_section(rows),
         _speed(header, rows),
         _noise(rows),
         _per_epoch(rows, figures),
@@ -346,4 +348,4 @@ def render_report(
     if nightly is not None:
         sections.append(["## Compared with the previous nightly sweep", "", nightly])
     sections.append(_runs(records))
-    return "\n\n".join("\n".join(section) for section in sections)
+    return "\n\n".join("\n".join(section) for section in sections if section)

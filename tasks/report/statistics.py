@@ -252,6 +252,8 @@ def scaling_efficiency(images_per_sec: float, baseline_images_per_sec: float, to
 
 # The per-epoch metrics of lr_scaling adascale (model.records.EpochRecord).
 ADASCALE_METRICS = ("adascale_gain", "adascale_sigma_sq", "adascale_mu_sq", "adascale_tau")
+# With BatchNorm: test accuracy with its moving statistics and re-estimated at the weights.
+BN_METRICS = ("test_accuracy_moving_bn", "test_accuracy_recomputed_bn")
 
 EpochCurve = tuple[list[float], list[float]]  # (epochs, values)
 
@@ -282,6 +284,7 @@ class RunRecord:
     final_noise_scale: float | None = None  # its last value: an average over ~100 steps
     # Per epoch: `noise_scale` and, under adascale, ADASCALE_METRICS.
     noise_curves: dict[str, EpochCurve] = field(default_factory=dict)
+    bn_curves: dict[str, EpochCurve] = field(default_factory=dict)  # BN_METRICS per evaluation
 
     def last(self, key: str) -> float | None:
         """The last per-epoch value of `key` in `noise_curves`."""

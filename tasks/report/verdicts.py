@@ -16,6 +16,7 @@ from towerbench.config.optimizers import family
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import Status
 from towerbench.model.noise_advice import EPOCHS_TOLERANCE, epochs_needed
+from towerbench.tasks.report.batch_norm import lag_note
 from towerbench.tasks.report.statistics import (
     CLOSE_ENOUGH,
     GroupRow,
@@ -358,7 +359,7 @@ def compare(
             row.notes.append(rule_note)
         if baseline is None or row.is_baseline or row.unstable or not row.accuracy.count:
             continue
-        note = _noise_advice(row, baseline, rows)
-        if note is not None:
-            row.notes.append(note)
+        for note in (_noise_advice(row, baseline, rows), lag_note(row, baseline, margin)):
+            if note is not None:
+                row.notes.append(note)
     return rows, target
