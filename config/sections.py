@@ -246,6 +246,18 @@ class TrainConfig(StrictModel):
     ema_decay: float = Field(
         0.9999, ge=0, lt=1, description="Exponential moving average of the weights."
     )
+    ema_scaling: Literal["none", "ema_rule"] = Field(
+        "none",
+        description="ema_rule: BatchNorm's momentum and the weight EMA's decay rho become "
+        "rho**k, k = global batch / reference batch (Busbridge et al. 2023), so they span the "
+        "same examples at any batch; none: as given.",
+    )
+    eval_bn: Literal["moving", "recomputed"] = Field(
+        "moving",
+        description="The BatchNorm statistics test_accuracy (and so the verdicts) uses: the "
+        "moving ones (Keras'), or re-estimated at the evaluated weights on training batches; "
+        "both are recorded either way.",
+    )
     crop_size: int | None = Field(
         24, ge=1, description="Random crop (train) / central crop (eval) side; none = full image."
     )
@@ -345,6 +357,15 @@ class TrainConfig(StrictModel):
             self.global_batch / self.reference_batch,
             self.weight_decay,
         )
+
+    @property
+    def ema_scale(self) -> float:
+        """k of the EMA rule: global batch / reference batch (1 unless ema_scaling is ema_rule)."""
+        return self.global_batch / self.reference_batch if self.ema_scaling == "ema_rule" else 1.0
+
+    def scaled_momentum(self, momentum: float) -> float:
+        """A per-step momentum (BatchNorm's, the weight EMA's decay) as this run uses it."""
+        return momentum**self.ema_scale
 
     @property
     def l2_weight_decay(self) -> float:

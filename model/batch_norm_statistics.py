@@ -11,7 +11,7 @@ the evaluated weights. Evaluating with them measures the weights without that la
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import keras
 import tensorflow as tf
@@ -24,6 +24,13 @@ RECOMPUTE_BATCHES = 10
 
 def has_batch_norm(model: keras.Model) -> bool:
     return any(isinstance(layer, keras.layers.BatchNormalization) for layer in layers_of(model))
+
+
+def scale_batch_norm_momentum(model: keras.Model, scaled: Callable[[float], float]) -> None:
+    """Every BatchNorm layer's momentum m becomes `scaled(m)` (before the first step traces)."""
+    for layer in layers_of(model):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.momentum = scaled(layer.momentum)
 
 
 class BatchNormStatistics:

@@ -26,6 +26,7 @@ import tensorflow as tf
 from towerbench.config.sections import TrainConfig
 from towerbench.core.tfrecord_format import Manifest
 from towerbench.model.adascale import AdaScale, AdaScaleState
+from towerbench.model.batch_norm_statistics import scale_batch_norm_momentum
 from towerbench.model.cluster import Cluster
 from towerbench.model.devices import TowerDevices
 from towerbench.model.input_pipeline import network_input_shape
@@ -158,6 +159,8 @@ def seeded_network(config: TrainConfig, manifest: Manifest, parameter_device: st
             config.model, input_shape, len(manifest.classes), config.seed, config.precision
         )
     check_weight_decay_once(network.model, config)
+    if config.ema_scale != 1.0:
+        scale_batch_norm_momentum(network.model, config.scaled_momentum)
     return network
 
 
@@ -180,7 +183,7 @@ def tower_trainer(
         devices,
         config.aggregation,
         config.l2_weight_decay,
-        config.ema_decay if weight_average else None,
+        config.scaled_momentum(config.ema_decay) if weight_average else None,
         config.xla,
         cluster,
         config.precision,

@@ -386,29 +386,44 @@ def _evaluation_due(run: _Run) -> bool:
 
 
 def _test_metrics(run: _Run) -> dict[str, Any]:
-    """Test accuracy and cross-entropy of the raw weights, test accuracy of their average."""
+    """Test accuracy and cross-entropy of the raw weights, test accuracy of their average, with
+    the BatchNorm statistics `eval_bn` names; with BatchNorm, the accuracies with both."""
     from towerbench.model.evaluation import accuracy
 
     run.last_eval_epoch = run.epoch
-    run.confusion, test_cross_entropy = run.evaluator.evaluate(run.trainer.trainable)
-    test_accuracy = accuracy(run.confusion)
-    return {
+    raw = _evaluations(run, run.trainer.trainable)
+    ema = _evaluations(run, run.trainer.ema_weights)
+    used = _statistics_used(run)
+    run.confusion, test_cross_entropy = raw[used]
+    metrics = {
         "test_cross_entropy": test_cross_entropy,
-        "test_accuracy": test_accuracy,
-        "ema_test_accuracy": accuracy(run.evaluator.evaluate(run.trainer.ema_weights)[0]),
-        **_recomputed_bn_metrics(run, test_accuracy),
+        "test_accuracy": accuracy(run.confusion),
+        "ema_test_accuracy": accuracy(ema[used][0]),
+    }
+    if run.batch_norm is None:
+        return metrics
+    return {
+        **metrics,
+        "test_accuracy_moving_bn": accuracy(raw["moving"][0]),
+        "test_accuracy_recomputed_bn": accuracy(raw["recomputed"][0]),
+        "ema_test_accuracy_recomputed_bn": accuracy(ema["recomputed"][0]),
     }
 
 
-def _recomputed_bn_metrics(run: _Run, test_accuracy: float) -> dict[str, float]:
-    """With BatchNorm: the test accuracy with its moving statistics, and with statistics
-    re-estimated at the evaluated weights (raw and EMA weights, each their own)."""
+def _statistics_used(run: _Run) -> str:
+    """Which BatchNorm statistics the run's test accuracy uses (moving without BatchNorm)."""
+    return run.config.eval_bn if run.batch_norm is not None else "moving"
+
+
+def _evaluations(run: _Run, weights) -> dict[str, tuple[np.ndarray, float]]:
+    """(confusion, test cross-entropy) of `weights` with BatchNorm's moving statistics and,
+    with BatchNorm, with statistics re-estimated at them (model.batch_norm_statistics)."""
     from towerbench.model.batch_norm_statistics import RECOMPUTE_BATCHES
-    from towerbench.model.evaluation import accuracy
     from towerbench.model.input_pipeline import train_dataset
 
+    done = {"moving": run.evaluator.evaluate(weights)}
     if run.batch_norm is None:
-        return {}
+        return done
     if run.batch_norm_batches is None:  # epoch 0's first batches (this worker's slices)
         batches = train_dataset(
             run.train_files,
@@ -421,17 +436,9 @@ def _recomputed_bn_metrics(run: _Run, test_accuracy: float) -> dict[str, float]:
             run.cluster.index,
         )
         run.batch_norm_batches = [images for images, _ in batches.take(RECOMPUTE_BATCHES)]
-    statistics = run.batch_norm
-
-    def recomputed(weights) -> float:
-        estimated = statistics.estimate(weights, run.batch_norm_batches or [])
-        return accuracy(run.evaluator.evaluate(weights, estimated)[0])
-
-    return {
-        "test_accuracy_moving_bn": test_accuracy,
-        "test_accuracy_recomputed_bn": recomputed(run.trainer.trainable),
-        "ema_test_accuracy_recomputed_bn": recomputed(run.trainer.ema_weights),
-    }
+    estimated = run.batch_norm.estimate(weights, run.batch_norm_batches)
+    done["recomputed"] = run.evaluator.evaluate(weights, estimated)
+    return done
 
 
 def _finish(run: _Run) -> TrainResult:
@@ -439,7 +446,7 @@ def _finish(run: _Run) -> TrainResult:
     if run.checkpoints is not None:
         run.checkpoints.save(run.step, run.history)
     if run.confusion is None:  # resumed after the last step: nothing was evaluated in this process
-        run.confusion, _ = run.evaluator.evaluate(run.trainer.trainable)
+        run.confusion, _ = _evaluations(run, run.trainer.trainable)[_statistics_used(run)]
     return TrainResult(
         config=run.config,
         history=run.history,
@@ -481,7 +488,8 @@ def _final_metrics(run: _Run, confusion: np.ndarray) -> FinalMetrics:
     ema_accuracies = [record.ema_test_accuracy for record in run.history]
     ema_accuracy = next((a for a in reversed(ema_accuracies) if not math.isnan(a)), None)
     if ema_accuracy is None:  # no epoch evaluated the EMA weights in this process
-        ema_accuracy = accuracy(run.evaluator.evaluate(run.trainer.ema_weights)[0])
+        ema = _evaluations(run, run.trainer.ema_weights)[_statistics_used(run)]
+        ema_accuracy = accuracy(ema[0])
     test_accuracy = accuracy(confusion)
     config, devices, rate = run.config, run.devices, run.clock.steady_rate()
     return FinalMetrics(

@@ -368,12 +368,15 @@ def start_sweep_run(
 
 
 def effective_optimizer(config: TrainConfig) -> dict[str, float | str]:
-    """The optimizer's hyperparameters as the run uses them (its scaling rule applied), and
-    under AdaScale the power of the gain in the LR."""
+    """The optimizer's hyperparameters as the run uses them (its scaling rule applied), under
+    AdaScale the power of the gain in the LR, and under the EMA rule its scale and EMA decay."""
     values: dict[str, float | str] = {"optimizer": config.optimizer}
     values.update(config.optimizer_hyperparameters().items())
     if config.lr_scaling == "adascale":
         values["adascale_power"] = adascale_power(config.optimizer)
+    if config.ema_scaling == "ema_rule":  # BatchNorm's momentum m is m ** ema_scale too
+        values["ema_scale"] = config.ema_scale
+        values["ema_decay"] = config.scaled_momentum(config.ema_decay)
     return values
 
 

@@ -70,3 +70,29 @@ def test_re_estimated_statistics_recover_what_the_moving_ones_lose(tmp_path):
     plain = training.train(config.model_copy(update={"model": "tutorial", "epochs": 1}), data_dir)
     assert plain.history[-1].test_accuracy_recomputed_bn is None
     assert "test_accuracy_recomputed_bn" not in plain.final.to_dict()
+
+
+@pytest.mark.slow
+def test_eval_bn_and_the_ema_rule_change_what_the_run_uses(tmp_path):
+    data_dir = fixtures_model.write_digits(tmp_path / "data", test=200)
+    network = tmp_path / "bn_network.py"
+    network.write_text(textwrap.dedent(BN_NETWORK))
+    config = TrainConfig(
+        dataset="digits",
+        model=f"{network}:build",
+        towers=2,
+        global_batch=64,
+        reference_batch=16,
+        epochs=1,
+        eval_bn="recomputed",
+        ema_scaling="ema_rule",
+    )
+    result = training.train(config, data_dir)
+    last = result.history[-1]
+    assert last.test_accuracy == last.test_accuracy_recomputed_bn != last.test_accuracy_moving_bn
+    assert last.ema_test_accuracy == last.ema_test_accuracy_recomputed_bn
+    assert result.final.test_accuracy == last.test_accuracy_recomputed_bn
+    (batch_norm,) = [
+        layer for layer in result.model.layers if isinstance(layer, keras.layers.BatchNormalization)
+    ]
+    assert batch_norm.momentum == pytest.approx(0.99**4)  # k = 64 / 16
