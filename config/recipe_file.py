@@ -17,7 +17,9 @@ FIRST_LINE = "# towerbench advise (MLflow run {run_id}): the recipe, each choice
 LAST_LINE = "# `towerbench sweep --params THIS_FILE` runs its verification again."
 # The choices a recipe makes, as its header names them (tasks/advise/recipe.py: Recipe.lines).
 CHOICES = ("optimizer", "scaling", "warmup epochs", "budget", "schedule")
-_CHOICE_LINE = re.compile(rf"^#   ({'|'.join(CHOICES)}): (.+?) — (.+)$")
+# Written since BatchNorm's lag was measured: a file without it is still read.
+LATER_CHOICES = ("batchnorm statistics",)
+_CHOICE_LINE = re.compile(rf"^#   ({'|'.join(CHOICES + LATER_CHOICES)}): (.+?) — (.+)$")
 _FIRST_LINE = re.compile(r"^# towerbench advise \(MLflow run (\w+)\)")
 
 

@@ -33,6 +33,21 @@ def scale_batch_norm_momentum(model: keras.Model, scaled: Callable[[float], floa
             layer.momentum = scaled(layer.momentum)
 
 
+def accuracy_on(
+    model: keras.Model, device: str, weights: Sequence, non_trainable: Sequence, batches
+) -> float:
+    """The share of (images, labels) `batches` classified right with `weights` and the given
+    non-trainable values (inference mode)."""
+    right = examples = 0
+    for images, labels in batches:
+        with tf.device(device):
+            logits, _ = model.stateless_call(weights, non_trainable, images, training=False)
+        predicted = tf.argmax(logits, -1, tf.int32)
+        right += int(tf.reduce_sum(tf.cast(predicted == tf.cast(labels, tf.int32), tf.int32)))
+        examples += int(labels.shape[0])
+    return right / max(examples, 1)
+
+
 class BatchNormStatistics:
     """The model's non-trainable values with every BatchNorm layer's moving mean and variance
     replaced by their average over batches, at given weights."""

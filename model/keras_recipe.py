@@ -32,6 +32,7 @@ from towerbench.model.adascale import (
     reference_schedule,
     reference_steps_per_epoch,
 )
+from towerbench.model.batch_norm_statistics import scale_batch_norm_momentum
 from towerbench.model.input_pipeline import EpochPlan
 from towerbench.model.keras_adascale import AdaScale, AdaScaleProgress
 from towerbench.model.optimizers import build_optimizer
@@ -55,7 +56,8 @@ class StopAtStep(keras.callbacks.Callback):
 class KerasRecipe:
     """The recipe for `model.compile(optimizer=...)` and `model.fit(epochs=..., callbacks=...)`
     on batches of `global_batch` examples; `reasons` holds each choice of the advice as it was
-    given (optimizer, scaling, warmup epochs, budget, schedule). `config` is the K-tower run
+    given (optimizer, scaling, warmup epochs, budget, schedule, and since BatchNorm's lag is
+    measured its statistics). `config` is the K-tower run
     the trainer verifies, `learning_rate` its schedule in optimizer steps."""
 
     config: TrainConfig
@@ -92,6 +94,12 @@ class KerasRecipe:
             power=adascale_power(self.config.optimizer),
         )
 
+    def scale_batch_norm(self, model: keras.Model) -> None:
+        """Under the recipe's EMA rule, each BatchNorm layer of `model` gets momentum m**k as
+        the trainer's did (call it before `fit`); otherwise nothing changes."""
+        if self.config.ema_scale != 1.0:
+            scale_batch_norm_momentum(model, self.config.scaled_momentum)
+
     def lines(self) -> list[str]:
         """What the recipe sets, and why: one line each."""
         said = [
@@ -124,6 +132,16 @@ def recipe(params_file: str | Path, train_examples: int) -> KerasRecipe:
             f"weight decay {config.l2_weight_decay:g} on tf.nn.l2_loss of {config.model}'s "
             "kernels: in your model, keras.regularizers.L2("
             f"{config.l2_weight_decay / 2:g}) on the same kernels"
+        )
+    if config.ema_scaling == "ema_rule":
+        budget.notes.append(
+            f"the EMA rule: recipe.scale_batch_norm(model) before fit raises each BatchNorm "
+            f"momentum m to m**{config.ema_scale:g}, as the trainer's run did"
+        )
+    if config.eval_bn == "recomputed":
+        budget.notes.append(
+            "the verification judged it with BatchNorm statistics re-estimated at the weights; "
+            "Keras' evaluate uses the moving ones"
         )
     return KerasRecipe(
         config=config,

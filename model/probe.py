@@ -17,7 +17,10 @@ It measures three things:
   the larger candidates are then not tried. "Above" allows the 5% that model.stability allows a
   finished run: a network starts at about ln C and may stay on that plateau for a few dozen steps
   before it learns.
-- **Whether the network has BatchNorm** (linear scaling suits BatchNorm networks better).
+- **Whether the network has BatchNorm** (linear scaling suits BatchNorm networks better), and
+  then its lag: at the end of each stable LR trial, the accuracy on training batches with the
+  moving statistics and with statistics re-estimated at the weights (model.batch_norm_statistics):
+  the moving ones move once per step, and k towers make k times fewer steps an epoch.
 
 It also times the k-tower step (the LR trials' wall time per step after the first
 `UNTIMED_STEPS`, input included), from which advise predicts what its recipe costs.
@@ -66,6 +69,10 @@ class LearningRateTrial:
     last_loss: float
     diverged: str | None = None  # why it stopped early
     step_seconds: float | None = None  # wall time per step after UNTIMED_STEPS; None: too few
+    # With BatchNorm, at the end of a stable trial: accuracy on training batches with the
+    # moving statistics and with statistics re-estimated at the weights.
+    accuracy_moving_bn: float | None = None
+    accuracy_recomputed_bn: float | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,12 @@ class ProbeResult:
         """The largest candidate LR that stayed stable; 0.0 when none did."""
         stable = [trial.learning_rate for trial in self.trials if trial.diverged is None]
         return max(stable, default=0.0) if self.trials else None
+
+    @property
+    def batch_norm_trial(self) -> LearningRateTrial | None:
+        """The largest stable trial, when it measured BatchNorm's lag."""
+        stable = [t for t in self.trials if t.diverged is None and t.accuracy_moving_bn is not None]
+        return max(stable, key=lambda t: t.learning_rate, default=None)
 
     @property
     def instability(self) -> str | None:
@@ -288,7 +301,32 @@ class _Session:
         batch = self.config.global_batch * towers
         losses, reason, seconds = self._run(trainer, batch, towers, steps)
         last = _mean(losses[-WINDOW:])
-        return LearningRateTrial(learning_rate, len(losses), last, reason, seconds)
+        lag: tuple[float | None, float | None] = (None, None)
+        if self.has_batchnorm and reason is None:
+            lag = self._batch_norm_lag(trainer, batch, towers)
+        return LearningRateTrial(learning_rate, len(losses), last, reason, seconds, *lag)
+
+    def _batch_norm_lag(self, trainer, batch: int, towers: int) -> tuple[float, float]:
+        """(accuracy with the moving statistics, with statistics re-estimated on the first
+        RECOMPUTE_BATCHES training batches) on the next RECOMPUTE_BATCHES, at the weights."""
+        from towerbench.model.batch_norm_statistics import (
+            RECOMPUTE_BATCHES,
+            BatchNormStatistics,
+            accuracy_on,
+        )
+
+        stream = self._batches(batch, towers)
+        estimate_on = [next(stream)[0] for _ in range(RECOMPUTE_BATCHES)]
+        scored = [next(stream) for _ in range(RECOMPUTE_BATCHES)]
+        model, device = trainer.model, self.device.devices[0]
+        weights = [v.value for v in model.trainable_variables]
+        statistics = BatchNormStatistics(model, device, batch // towers)
+        moving = [v.value for v in model.non_trainable_variables]
+        estimated = statistics.estimate(weights, estimate_on)
+        return (
+            accuracy_on(model, device, weights, moving, scored),
+            accuracy_on(model, device, weights, estimated, scored),
+        )
 
 
 def _mean(values: list[float]) -> float:

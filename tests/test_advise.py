@@ -250,8 +250,10 @@ def test_advise_without_verification_probes_chooses_and_keeps_the_recipe(
         "warmup epochs",
         "budget",
         "schedule",
+        "batchnorm statistics",
         "cost",
     ]
+    assert document["recipe"]["batch_norm"]["value"] == "moving"  # the tutorial has none
     # The predicted steps and time of the 2-tower run: 480 examples, batch 64 (8 steps an
     # epoch), 2 epochs times the budget's factor, at the probe's measured step time.
     prediction = document["recipe"]["prediction"]

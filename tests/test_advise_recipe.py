@@ -218,3 +218,41 @@ def test_the_layer_wise_optimizer_is_named_when_no_rule_is_stable(optimizer, lay
     recipe = choose_recipe(Measurements(**measured))
     assert recipe.lr_scaling.value == "none"
     assert f"no rule scaled the LR stably: {layer_wise} gives each layer" in recipe.optimizer.reason
+
+
+BN_LAG = dict(LRN, has_batchnorm=True, noise_scale=9228, batch_norm_steps=40)
+
+
+@pytest.mark.parametrize(
+    ("measured", "value", "quoted"),
+    [
+        (dict(LRN, has_batchnorm=False), "moving", "no BatchNorm"),
+        (dict(BN_LAG), "moving", "no stable LR trial measured its lag"),
+        (
+            dict(BN_LAG, accuracy_moving_bn=0.412, accuracy_recomputed_bn=0.883),
+            "ema_rule",
+            "after the probe's 40 steps at batch 512, training batches scored 41.2% with the "
+            "moving statistics and 88.3% re-estimated at the weights (+47.1 pp): they move once "
+            "per step, and batch 512 makes 4× fewer; the EMA rule raises BatchNorm's momentum m "
+            "to m^4",
+        ),
+        (
+            dict(BN_LAG, accuracy_moving_bn=0.880, accuracy_recomputed_bn=0.883),
+            "moving",
+            "(+0.3 pp): no lag worth curing",
+        ),
+        (
+            dict(BN_LAG, towers=1, accuracy_moving_bn=0.5, accuracy_recomputed_bn=0.8),
+            "recomputed",
+            "evaluate with statistics re-estimated at the weights",
+        ),
+    ],
+)
+def test_batchnorms_measured_lag_chooses_its_statistics(measured, value, quoted):
+    recipe = choose_recipe(Measurements(**measured))
+    assert recipe.batch_norm.value == value
+    assert f"batchnorm statistics: {value} — " in "\n".join(recipe.lines())
+    assert quoted in recipe.batch_norm.reason
+    train = recipe.sections()["train"]
+    assert train.get("ema_scaling") == ("ema_rule" if value == "ema_rule" else None)
+    assert train.get("eval_bn") == ("recomputed" if value == "recomputed" else None)

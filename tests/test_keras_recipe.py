@@ -107,7 +107,14 @@ def test_the_recipe_is_the_trainers_k_tower_run_as_keras_objects(
     )
     assert type(recipe.optimizer).__name__ == {"momentum": "SGD", "adam": "Adam"}[optimizer]
     assert recipe.advise_run_id == "0123456789abcdef"
-    assert list(recipe.reasons) == ["optimizer", "scaling", "warmup epochs", "budget", "schedule"]
+    assert list(recipe.reasons) == [
+        "optimizer",
+        "scaling",
+        "warmup epochs",
+        "budget",
+        "schedule",
+        "batchnorm statistics",
+    ]
     assert recipe.reasons["scaling"].value == rule and recipe.reasons["scaling"].reason
     assert any(line.startswith(f"scaling: {rule} — ") for line in recipe.lines())
 

@@ -96,3 +96,19 @@ def test_eval_bn_and_the_ema_rule_change_what_the_run_uses(tmp_path):
         layer for layer in result.model.layers if isinstance(layer, keras.layers.BatchNormalization)
     ]
     assert batch_norm.momentum == pytest.approx(0.99**4)  # k = 64 / 16
+
+
+@pytest.mark.slow
+def test_the_advise_probe_measures_the_lag_after_its_stable_trials(tmp_path):
+    from towerbench.model.probe import probe
+
+    data_dir = fixtures_model.write_digits(tmp_path / "data", test=50)
+    network = tmp_path / "bn_network.py"
+    network.write_text(textwrap.dedent(BN_NETWORK))
+    config = TrainConfig(dataset="digits", model=f"{network}:build", global_batch=16)
+    result = probe(config, data_dir, towers=2, learning_rates=[0.01, 0.02], steps=20)
+    assert result.has_batchnorm and len(result.trials) == 2
+    trial = result.batch_norm_trial
+    assert trial is not None and trial.learning_rate == 0.02
+    # 20 steps at momentum 0.99: the moving statistics are still mostly the initial ones.
+    assert trial.accuracy_recomputed_bn > trial.accuracy_moving_bn + 0.2

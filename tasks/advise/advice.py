@@ -84,6 +84,7 @@ class RecipeChoices(BaseModel):
     warmup_epochs: Choice
     budget: BudgetChoice
     decay: Choice
+    batch_norm: Choice  # its statistics: moving, ema_rule or recomputed
     prediction: PredictedCost | None = None
 
 
@@ -134,6 +135,7 @@ def recipe_document(recipe: Recipe) -> RecipeChoices:
         warmup_epochs=recipe.warmup_epochs,
         budget=BudgetChoice(budget.value, budget.reason, recipe.noise_scale),
         decay=recipe.decay,
+        batch_norm=recipe.batch_norm,
         prediction=None
         if prediction is None
         else PredictedCost(**dataclasses.asdict(prediction), text=prediction.text()),
@@ -270,6 +272,14 @@ def measurements_table(measured: Measurements) -> str:
         ],
         ["BatchNorm", "yes" if measured.has_batchnorm else "no", "in the network"],
         [
+            "BatchNorm's lag",
+            "—"
+            if measured.accuracy_moving_bn is None or measured.accuracy_recomputed_bn is None
+            else f"{100 * (measured.accuracy_recomputed_bn - measured.accuracy_moving_bn):+.1f} pp",
+            "training-batch accuracy re-estimated minus with the moving statistics, after the "
+            "largest stable LR trial",
+        ],
+        [
             "time per step at the K-tower batch",
             _number(measured.step_seconds, ".3g", " s"),
             measured.device_kind or "devices unknown",
@@ -286,6 +296,7 @@ def _choices(recipe: Recipe) -> list[tuple[str, Any]]:
         ("warmup epochs", recipe.warmup_epochs),
         ("budget", recipe.budget),
         ("schedule", recipe.decay),
+        ("BatchNorm statistics", recipe.batch_norm),
     ]
 
 

@@ -145,6 +145,7 @@ def measurements(request: ProbeRequest, result: ProbeResult) -> Measurements:
     """What choose_recipe reads: the probe's numbers and the reference run to scale."""
     reference = request.reference
     noise_scale, source = settled_noise_scale(result)
+    trial = result.batch_norm_trial  # the largest stable LR trial, with BatchNorm's lag
     return Measurements(
         towers=request.replicas,
         per_tower_batch=reference.global_batch,
@@ -169,4 +170,7 @@ def measurements(request: ProbeRequest, result: ProbeResult) -> Measurements:
         train_examples=result.train_examples,
         step_seconds=result.step_seconds,
         device_kind=result.device_kind,
+        accuracy_moving_bn=trial.accuracy_moving_bn if trial else None,
+        accuracy_recomputed_bn=trial.accuracy_recomputed_bn if trial else None,
+        batch_norm_steps=trial.steps if trial else None,
     )

@@ -71,6 +71,8 @@ WARMUP_FRACTION = 1 / 6  # cure-bn: 2 of 12 epochs
 MAX_WARMUP_EPOCHS = 5.0  # Goyal et al.
 # An LR schedule that still stands above this fraction of its peak at the end is not annealed.
 ANNEALED = 0.1
+# BatchNorm's moving statistics lag enough to act on when re-estimating them gains this much.
+BATCH_NORM_LAG = 0.01
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,11 @@ class Measurements:
     train_examples: int | None = None  # an epoch; None: no cost predicted
     step_seconds: float | None = None  # the probe's wall time per K-tower step
     device_kind: str | None = None  # where the probe's K towers ran (model.devices)
+    # With BatchNorm, after the largest stable LR trial's steps at the K-tower batch: accuracy
+    # on training batches with the moving statistics and re-estimated at the weights.
+    accuracy_moving_bn: float | None = None
+    accuracy_recomputed_bn: float | None = None
+    batch_norm_steps: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("towers", "per_tower_batch", "reference_batch", "base_lr", "epochs"):
@@ -156,6 +163,7 @@ class Recipe:
     noise_scale: float | None = None  # the one `budget: noise` uses
     prediction: Prediction | None = None
     if_diverged: str = ""  # the probe's advice should the recipe's runs diverge
+    batch_norm: Choice = Choice("moving", "no BatchNorm")  # its statistics: moving, ema_rule, ...
 
     def lines(self) -> list[str]:
         """`scaling: sqrt — reason`, one per choice, then the predicted cost."""
@@ -170,6 +178,7 @@ class Recipe:
                 ("warmup epochs", self.warmup_epochs),
                 ("budget", self.budget),
                 ("schedule", self.decay),
+                ("batchnorm statistics", self.batch_norm),
             )
         ] + cost
 
@@ -189,7 +198,12 @@ class Recipe:
         }
         if self.sweep_budget == "noise":
             sweep["noise_scale"] = self.noise_scale
-        return {"train": {"decay": self.decay.value}, "sweep": sweep}
+        train: dict[str, object] = {"decay": self.decay.value}
+        if self.batch_norm.value == "ema_rule":
+            train["ema_scaling"] = "ema_rule"
+        elif self.batch_norm.value == "recomputed":
+            train["eval_bn"] = "recomputed"
+        return {"train": train, "sweep": sweep}
 
 
 def predicted_gain(noise_scale: float, reference_batch: int, global_batch: int) -> float:
@@ -224,7 +238,34 @@ def choose_recipe(measured: Measurements) -> Recipe:
         noise_scale=noise if budget.value == "noise" else None,
         prediction=predict(measured, str(budget.value), gain),
         if_diverged=stability_advice(measured, rule),
+        batch_norm=_batch_norm(measured),
     )
+
+
+def _batch_norm(measured: Measurements) -> Choice:
+    """Keras' moving BatchNorm statistics, unless the probe measured them lagging the weights
+    at the K-tower batch: then the EMA rule (a larger batch) or re-estimated statistics."""
+    if not measured.has_batchnorm:
+        return Choice("moving", "no BatchNorm: no statistics count steps")
+    moving, recomputed = measured.accuracy_moving_bn, measured.accuracy_recomputed_bn
+    if moving is None or recomputed is None:
+        return Choice("moving", "BatchNorm, but no stable LR trial measured its lag: Keras' kept")
+    lag = recomputed - moving
+    seen = (
+        f"after the probe's {measured.batch_norm_steps} steps at batch {measured.global_batch}, "
+        f"training batches scored {100 * moving:.1f}% with the moving statistics and "
+        f"{100 * recomputed:.1f}% re-estimated at the weights ({100 * lag:+.1f} pp)"
+    )
+    if lag < BATCH_NORM_LAG:
+        return Choice("moving", f"{seen}: no lag worth curing, Keras' moving statistics kept")
+    if measured.scale > 1:
+        return Choice(
+            "ema_rule",
+            f"{seen}: they move once per step, and batch {measured.global_batch} makes "
+            f"{measured.scale:g}× fewer; the EMA rule raises BatchNorm's momentum m to "
+            f"m^{measured.scale:g} (Busbridge et al. 2023) so they keep up",
+        )
+    return Choice("recomputed", f"{seen}: evaluate with statistics re-estimated at the weights")
 
 
 def stability_advice(measured: Measurements, rule: str) -> str:
