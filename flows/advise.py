@@ -82,7 +82,7 @@ def recipe_runs(
     """The 1-tower run with the recipe's LR policy, and the sweep that verifies it."""
     rule, warmup = str(recipe.lr_scaling.value), float(recipe.warmup_epochs.value)
     values = reference_config(params).model_dump(exclude_unset=True)
-    values.update(lr_scaling=rule, warmup_epochs=warmup, decay=recipe.decay.value)
+    values.update(lr_scaling=rule, warmup_epochs=warmup, **recipe.sections()["train"])
     return TrainConfig.model_validate(values), verification_grid(
         advice, params, rule, warmup, recipe.sweep_budget, recipe.noise_scale
     )

@@ -256,3 +256,18 @@ def test_batchnorms_measured_lag_chooses_its_statistics(measured, value, quoted)
     train = recipe.sections()["train"]
     assert train.get("ema_scaling") == ("ema_rule" if value == "ema_rule" else None)
     assert train.get("eval_bn") == ("recomputed" if value == "recomputed" else None)
+
+
+@pytest.mark.parametrize(
+    ("lag", "setting"), [(0.5, ("ema_rule", "moving")), (0.0, ("none", "moving"))]
+)
+def test_the_verified_runs_take_the_recipes_batchnorm_statistics(lag, setting):
+    from towerbench.config.advise import AdviseConfig, verification_configs
+    from towerbench.config.load import load
+    from towerbench.flows.advise import recipe_runs
+
+    measured = dict(BN_LAG, accuracy_moving_bn=0.4, accuracy_recomputed_bn=0.4 + lag)
+    recipe = choose_recipe(Measurements(**measured))
+    train, grid = recipe_runs(load(None, []), AdviseConfig(towers=4), recipe)
+    for run in verification_configs(train, grid):
+        assert (run.ema_scaling, run.eval_bn) == setting
