@@ -302,22 +302,27 @@ def _cluster(config: TrainConfig) -> Cluster:
     return cluster
 
 
-def _train_one_epoch(run: _Run, on_progress: ProgressCallback | None) -> EpochRecord:
-    """The rest of the current epoch (all of it unless resumed mid-epoch), stopping early at the
-    run's last step or when the loss diverges; then the epoch's record."""
+def _train_batches(run: _Run, epoch: int, start: int):
+    """Epoch `epoch`'s training batches from step `start` on (this worker's slices)."""
     from towerbench.model.input_pipeline import train_dataset
 
-    epoch_index, start = divmod(run.step, run.plan.steps)
-    batches = train_dataset(
+    return train_dataset(
         run.train_files,
         run.manifest.features,
         run.plan,
         run.distortions,
         run.config.seed,
-        epoch_index,
+        epoch,
         start,
         run.cluster.index,
     )
+
+
+def _train_one_epoch(run: _Run, on_progress: ProgressCallback | None) -> EpochRecord:
+    """The rest of the current epoch (all of it unless resumed mid-epoch), stopping early at the
+    run's last step or when the loss diverges; then the epoch's record."""
+    epoch_index, start = divmod(run.step, run.plan.steps)
+    batches = _train_batches(run, epoch_index, start)
     run.clock.start_epoch()
     for images, labels in batches:
         run.clock.step(run.trainer.step, images, labels)
@@ -419,23 +424,13 @@ def _evaluations(run: _Run, weights) -> dict[str, tuple[np.ndarray, float]]:
     """(confusion, test cross-entropy) of `weights` with BatchNorm's moving statistics and,
     with BatchNorm, with statistics re-estimated at them (model.batch_norm_statistics)."""
     from towerbench.model.batch_norm_statistics import RECOMPUTE_BATCHES
-    from towerbench.model.input_pipeline import train_dataset
 
     done = {"moving": run.evaluator.evaluate(weights)}
     if run.batch_norm is None:
         return done
     if run.batch_norm_batches is None:  # epoch 0's first batches (this worker's slices)
-        batches = train_dataset(
-            run.train_files,
-            run.manifest.features,
-            run.plan,
-            run.distortions,
-            run.config.seed,
-            0,
-            0,
-            run.cluster.index,
-        )
-        run.batch_norm_batches = [images for images, _ in batches.take(RECOMPUTE_BATCHES)]
+        batches = _train_batches(run, 0, 0).take(RECOMPUTE_BATCHES)
+        run.batch_norm_batches = [images for images, _ in batches]
     estimated = run.batch_norm.estimate(weights, run.batch_norm_batches)
     done["recomputed"] = run.evaluator.evaluate(weights, estimated)
     return done

@@ -21,6 +21,7 @@ import towerbench.keras
 from towerbench.config.advise import AdviseConfig, verification_configs
 from towerbench.config.grid import expand
 from towerbench.config.load import load
+from towerbench.config.recipe_file import CHOICES, LATER_CHOICES
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import ConfigSummary, Status, SweepResult
 from towerbench.model.probe import WINDOW, NoiseProbe, ProbeResult, divergence, probe
@@ -244,15 +245,7 @@ def test_advise_without_verification_probes_chooses_and_keeps_the_recipe(
     lines = document["lines"]
     assert lines[0].startswith("probe (") and "noise scale " in lines[0]
     assert lines[1].startswith("largest stable LR at batch 64: ")
-    assert [line.split(":")[0] for line in lines[2:]] == [
-        "optimizer",
-        "scaling",
-        "warmup epochs",
-        "budget",
-        "schedule",
-        "batchnorm statistics",
-        "cost",
-    ]
+    assert [line.split(":")[0] for line in lines[2:]] == [*CHOICES, *LATER_CHOICES, "cost"]
     assert document["recipe"]["batch_norm"]["value"] == "moving"  # the tutorial has none
     # The predicted steps and time of the 2-tower run: 480 examples, batch 64 (8 steps an
     # epoch), 2 epochs times the budget's factor, at the probe's measured step time.

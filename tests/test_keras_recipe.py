@@ -18,7 +18,7 @@ import towerbench.keras
 from towerbench.config.advise import AdviseConfig, verification_configs
 from towerbench.config.load import load
 from towerbench.config.params import Params
-from towerbench.config.recipe_file import Choice
+from towerbench.config.recipe_file import CHOICES, LATER_CHOICES, Choice
 from towerbench.core.errors import TowerbenchError
 from towerbench.flows.advise import recipe_runs
 from towerbench.model.adascale import reference_schedule
@@ -107,14 +107,7 @@ def test_the_recipe_is_the_trainers_k_tower_run_as_keras_objects(
     )
     assert type(recipe.optimizer).__name__ == {"momentum": "SGD", "adam": "Adam"}[optimizer]
     assert recipe.advise_run_id == "0123456789abcdef"
-    assert list(recipe.reasons) == [
-        "optimizer",
-        "scaling",
-        "warmup epochs",
-        "budget",
-        "schedule",
-        "batchnorm statistics",
-    ]
+    assert list(recipe.reasons) == [*CHOICES, *LATER_CHOICES]
     assert recipe.reasons["scaling"].value == rule and recipe.reasons["scaling"].reason
     assert any(line.startswith(f"scaling: {rule} — ") for line in recipe.lines())
 
