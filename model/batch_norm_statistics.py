@@ -16,14 +16,28 @@ from collections.abc import Callable, Iterable, Sequence
 import keras
 import tensorflow as tf
 
+from towerbench.model.tower_gradients import shard_sizes
 from towerbench.model.user_model import layers_of
 
 # Training batches the statistics are re-estimated on (each split into the run's tower shards).
 RECOMPUTE_BATCHES = 10
 
 
-def has_batch_norm(model: keras.Model) -> bool:
-    return any(isinstance(layer, keras.layers.BatchNormalization) for layer in layers_of(model))
+def _updates_in_training(layer: keras.layers.Layer) -> bool:
+    """A BatchNorm layer whose moving statistics training updates: not frozen
+    (`trainable=False` keeps them), not renormalising (its variance comes from another
+    variable), momentum below 1."""
+    return (
+        isinstance(layer, keras.layers.BatchNormalization)
+        and layer.trainable
+        and not getattr(layer, "renorm", False)
+        and layer.momentum < 1.0
+    )
+
+
+def trains_batch_norm(model: keras.Model) -> bool:
+    """Whether training updates any BatchNorm layer's moving statistics in `model`."""
+    return any(_updates_in_training(layer) for layer in layers_of(model))
 
 
 def scale_batch_norm_momentum(model: keras.Model, scaled: Callable[[float], float]) -> None:
@@ -49,18 +63,19 @@ def accuracy_on(
 
 
 class BatchNormStatistics:
-    """The model's non-trainable values with every BatchNorm layer's moving mean and variance
-    replaced by their average over batches, at given weights."""
+    """The model's non-trainable values with the moving mean and variance of every BatchNorm
+    layer that training updates replaced by their average over batches, at given weights
+    (the other layers keep theirs), each batch split into `towers` shards as the step splits
+    it."""
 
-    def __init__(self, model: keras.Model, device: str, shard: int):
-        self.model, self.device, self.shard = model, device, shard
+    def __init__(self, model: keras.Model, device: str, towers: int):
+        self.model, self.device, self.towers = model, device, towers
         self.non_trainable = list(model.non_trainable_variables)
-        # Each moving statistic's update weight 1 - momentum (None: not a BatchNorm statistic).
+        # Each moving statistic's update weight 1 - momentum (None: not re-estimated).
         weight: dict[int, float] = {}
-        for layer in layers_of(model):
-            if isinstance(layer, keras.layers.BatchNormalization) and layer.momentum < 1.0:
-                for variable in (layer.moving_mean, layer.moving_variance):
-                    weight[id(variable)] = 1.0 - layer.momentum
+        for layer in filter(_updates_in_training, layers_of(model)):
+            for variable in (layer.moving_mean, layer.moving_variance):
+                weight[id(variable)] = 1.0 - layer.momentum
         self.update_weights = [weight.get(id(v)) for v in self.non_trainable]
 
         @tf.function(autograph=False)
@@ -87,8 +102,10 @@ class BatchNormStatistics:
         sums: list[tf.Tensor] | None = None
         shards = 0
         for images in batches:
-            for start in range(0, int(images.shape[0]) - self.shard + 1, self.shard):
-                statistics = self.shard_statistics(values, images[start : start + self.shard])
+            if int(images.shape[0]) < self.towers:
+                continue  # too short to feed every tower (training skips no such batch)
+            for shard in tf.split(images, shard_sizes(int(images.shape[0]), self.towers)):
+                statistics = self.shard_statistics(values, shard)
                 sums = (
                     statistics
                     if sums is None
@@ -96,7 +113,7 @@ class BatchNormStatistics:
                 )
                 shards += 1
         if sums is None:
-            raise ValueError(f"no training batch of {self.shard} examples to estimate BatchNorm")
+            raise ValueError(f"no training batch of {self.towers} or more examples")
         return [
             variable.value if w is None else total / shards
             for variable, w, total in zip(

@@ -27,6 +27,17 @@ KEPT_CHECKPOINTS = 2
 # Settings a resumed run may change: running longer, checkpointing more or less often, waiting
 # longer for a stuck worker.
 RESUMABLE_CHANGES = {"epochs", "checkpoint_every", "collective_timeout"}
+# `training_state`'s parts, by their names in the checkpoint (the last two only where they apply).
+STATE_NAMES = (
+    "weights",
+    "optimizer",
+    "ema",
+    "noise",
+    "metric_sums",
+    "lr_sums",
+    "loss_scale",
+    "adascale",
+)
 
 
 def training_state(trainer: TowerTrainer) -> tf.train.Checkpoint:
@@ -49,9 +60,20 @@ def state_variables(state: tf.train.Checkpoint) -> list:
         *state.ema,
         *state.noise.variables,
         *state.metric_sums,
+        *state.lr_sums,
         *(state.loss_scale.variables if hasattr(state, "loss_scale") else ()),
         *(state.adascale.variables if hasattr(state, "adascale") else ()),
     ]
+
+
+def _restore(state: tf.train.Checkpoint, path: str) -> None:
+    """`state` from the checkpoint at `path`, every object matched; a checkpoint written before
+    the epoch's LR sums were kept restores the rest, and those restart at 0."""
+    if not any(name.startswith("lr_sums/") for name, _ in tf.train.list_variables(path)):
+        kept = {name: getattr(state, name) for name in STATE_NAMES if hasattr(state, name)}
+        del kept["lr_sums"]
+        state = tf.train.Checkpoint(**kept)
+    state.restore(path).assert_existing_objects_matched()
 
 
 def _write_json_atomically(path: Path, payload: Any) -> None:
@@ -80,7 +102,7 @@ class Checkpoints:
             _write_json_atomically(folder / CONFIG_FILE, wanted)
             return checkpoints, []
         checkpoints._check_settings(wanted)
-        state.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        _restore(state, manager.latest_checkpoint)
         step = int(manager.latest_checkpoint.rsplit("-", 1)[-1])
         return checkpoints, checkpoints._history_until(step)
 

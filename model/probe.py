@@ -200,16 +200,17 @@ class _Session:
 
         from towerbench.model.devices import TowerDevices
         from towerbench.model.towers import seeded_network, tower_trainer
+        from towerbench.model.user_model import layers_of
 
         config = self.config
-        network = seeded_network(config, self.manifest, self.device.parameter_device)
-        self.has_batchnorm = any(
-            isinstance(layer, keras.layers.BatchNormalization)
-            for layer in network.model._flatten_layers()
-        )
         if not on_first_device:  # the K-tower batch: the family's rule sets the hyperparameters
             batch = config.global_batch * towers
             config = config.model_copy(update={"global_batch": batch, "lr_scaling": "sqrt"})
+        # At the K-tower batch an EMA rule the params ask for scales BatchNorm's momentum by K.
+        network = seeded_network(config, self.manifest, self.device.parameter_device)
+        self.has_batchnorm = any(
+            isinstance(layer, keras.layers.BatchNormalization) for layer in layers_of(network.model)
+        )
         devices = TowerDevices(
             devices=self.device.devices[:1] * towers if on_first_device else self.device.devices,
             parameter_device=self.device.parameter_device,
@@ -320,7 +321,7 @@ class _Session:
         scored = [next(stream) for _ in range(RECOMPUTE_BATCHES)]
         model, device = trainer.model, self.device.devices[0]
         weights = [v.value for v in model.trainable_variables]
-        statistics = BatchNormStatistics(model, device, batch // towers)
+        statistics = BatchNormStatistics(model, device, towers)
         moving = [v.value for v in model.non_trainable_variables]
         estimated = statistics.estimate(weights, estimate_on)
         return (

@@ -61,8 +61,8 @@ class EpochRecord:
     test_cross_entropy: float = math.nan
     test_accuracy: float = math.nan  # raw weights
     ema_test_accuracy: float = math.nan  # moving average of the weights
-    # With BatchNorm: the raw weights with its moving statistics (= test_accuracy) and with
-    # statistics re-estimated at them; the EMA weights with their own re-estimated ones.
+    # With BatchNorm: the raw weights with its moving statistics (test_accuracy under eval_bn
+    # moving) and with statistics re-estimated at them; the EMA weights with their own.
     test_accuracy_moving_bn: float | None = None
     test_accuracy_recomputed_bn: float | None = None
     ema_test_accuracy_recomputed_bn: float | None = None

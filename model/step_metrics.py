@@ -26,16 +26,14 @@ class StepMetrics:
 
     @property
     def sums(self) -> list[tf.Variable]:
-        """The running epoch's sums (what a checkpoint keeps)."""
-        return [
-            self.cross_entropy_sum,
-            self.correct,
-            self.examples,
-            self.lr_sum,
-            self.lr_steps,
-            self.lr_first,
-            self.lr_last,
-        ]
+        """The running epoch's sums of the loss and accuracy (what a checkpoint keeps)."""
+        return [self.cross_entropy_sum, self.correct, self.examples]
+
+    @property
+    def lr_sums(self) -> list[tf.Variable]:
+        """The running epoch's LR sum, steps, first and last LR (checkpointed apart: older
+        checkpoints lack them)."""
+        return [self.lr_sum, self.lr_steps, self.lr_first, self.lr_last]
 
     def record(
         self, combined: TowerGradients, decay_loss: tf.Tensor, batch: int, lr: tf.Tensor
@@ -58,7 +56,7 @@ class StepMetrics:
         return total
 
     def reset(self) -> None:
-        for accumulator in self.sums:
+        for accumulator in (*self.sums, *self.lr_sums):
             accumulator.assign(tf.zeros_like(accumulator))
 
     def read(self) -> dict[str, float]:

@@ -143,6 +143,7 @@ class TowerTrainer:
             "ema": self.ema_weights,
             "noise": self.noise,
             "metric_sums": self.metrics.sums,
+            "lr_sums": self.metrics.lr_sums,
             **scaled,
             **adascale,
         }

@@ -135,7 +135,7 @@ def _set_up(
     devices = configure_tower_devices(
         config.towers, config.device_type, config.parameter_device, config.workers
     )
-    from towerbench.model.batch_norm_statistics import BatchNormStatistics, has_batch_norm
+    from towerbench.model.batch_norm_statistics import BatchNormStatistics, trains_batch_norm
     from towerbench.model.evaluation import Evaluator
     from towerbench.model.input_pipeline import Distortions, EpochPlan
 
@@ -171,10 +171,8 @@ def _set_up(
         # A resumed run counts from its last record, evaluated or not.
         last_eval_epoch=history[-1].epoch if history else 0.0,
         budget=rate.budget,
-        batch_norm=BatchNormStatistics(
-            network.model, devices.devices[0], config.global_batch // config.replicas
-        )
-        if has_batch_norm(network.model)
+        batch_norm=BatchNormStatistics(network.model, devices.devices[0], config.towers)
+        if trains_batch_norm(network.model)
         else None,
     )
 
@@ -442,6 +440,8 @@ def _finish(run: _Run) -> TrainResult:
         run.checkpoints.save(run.step, run.history)
     if run.confusion is None:  # resumed after the last step: nothing was evaluated in this process
         run.confusion, _ = _evaluations(run, run.trainer.trainable)[_statistics_used(run)]
+    if _statistics_used(run) == "recomputed":
+        _adopt_recomputed_statistics(run)
     return TrainResult(
         config=run.config,
         history=run.history,
@@ -451,6 +451,18 @@ def _finish(run: _Run) -> TrainResult:
         classes=list(run.manifest.classes),
         model=run.network.model,
     )
+
+
+def _adopt_recomputed_statistics(run: _Run) -> None:
+    """The trained model (logged, served) takes the statistics its test accuracy was measured
+    with: BatchNorm's re-estimated at the final weights (after the last checkpoint, which keeps
+    the moving ones training resumes from)."""
+    if run.batch_norm is None or run.batch_norm_batches is None:
+        return
+    weights = [v.value for v in run.trainer.trainable]
+    estimated = run.batch_norm.estimate(weights, run.batch_norm_batches)
+    for variable, value in zip(run.network.model.non_trainable_variables, estimated, strict=True):
+        variable.assign(value)
 
 
 def _effective_lr(run: _Run) -> float:

@@ -12,6 +12,8 @@ import tensorflow as tf
 from towerbench.config.sections import TrainConfig
 from towerbench.model import training
 from towerbench.model.batch_norm_statistics import BatchNormStatistics
+from towerbench.model.evaluation import Evaluator, accuracy
+from towerbench.model.training_data import load_training_data
 
 BN_NETWORK = """
 import keras
@@ -34,7 +36,7 @@ def test_the_statistics_are_the_mean_of_each_shards_batch_statistics():
     model = keras.Model(inputs, keras.layers.BatchNormalization(momentum=0.9)(scaled))
     rng = np.random.default_rng(0)
     batches = [tf.constant(rng.normal(2.0, 3.0, (8, 3)), tf.float32) for _ in range(3)]
-    statistics = BatchNormStatistics(model, "/cpu:0", shard=4)
+    statistics = BatchNormStatistics(model, "/cpu:0", towers=2)
     weights = [v.value for v in model.trainable_variables]
     mean, variance = statistics.estimate(weights, batches)
     shards = [
@@ -96,6 +98,11 @@ def test_eval_bn_and_the_ema_rule_change_what_the_run_uses(tmp_path):
         layer for layer in result.model.layers if isinstance(layer, keras.layers.BatchNormalization)
     ]
     assert batch_norm.momentum == pytest.approx(0.99**4)  # k = 64 / 16
+    # The trained model (what MLflow logs) holds the statistics its accuracy was measured with.
+    manifest, _, test_files = load_training_data(config, data_dir)
+    evaluator = Evaluator(result.model, "/cpu:0", test_files, manifest.features, None, 10)
+    confusion, _ = evaluator.evaluate([v.value for v in result.model.trainable_variables])
+    assert accuracy(confusion) == result.final.test_accuracy
 
 
 @pytest.mark.slow
@@ -112,3 +119,17 @@ def test_the_advise_probe_measures_the_lag_after_its_stable_trials(tmp_path):
     assert trial is not None and trial.learning_rate == 0.02
     # 20 steps at momentum 0.99: the moving statistics are still mostly the initial ones.
     assert trial.accuracy_recomputed_bn > trial.accuracy_moving_bn + 0.2
+
+
+def test_a_frozen_batch_norm_layer_keeps_its_statistics():
+    inputs = keras.Input((3,))
+    frozen = keras.layers.BatchNormalization(name="frozen")
+    model = keras.Model(inputs, frozen(keras.layers.Dense(3)(inputs)))
+    frozen.moving_mean.assign([1.0, 2.0, 3.0])
+    frozen.trainable = False
+    statistics = BatchNormStatistics(model, "/cpu:0", towers=1)
+    batches = [tf.random.stateless_normal((8, 3), seed=[1, 2])]
+    values = statistics.estimate([v.value for v in model.trainable_variables], batches)
+    by_variable = dict(zip(map(id, model.non_trainable_variables), values, strict=True))
+    np.testing.assert_array_equal(by_variable[id(frozen.moving_mean)], [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(by_variable[id(frozen.moving_variance)], np.ones(3))
