@@ -4,9 +4,12 @@ Layout: DATA_DIR/tfrecords/<name>/<split>-<i>-of-<n>.tfrecord and .../<name>/man
 Each example has three features:
   image  bytes   the example's values, row-major, little-endian, of the manifest's `dtype`
                  (uint8 H*W*C pixels for an image), uncompressed
-  label  int64   index into the manifest's `classes`
+  label  int64   index into the manifest's `classes` (manifest `labels: class_ids`), or
+         float[] one value per name in `classes` (`labels: rows`: regression targets, one-hot or
+                 soft class rows, multi-hot tags)
   shape  int64[] the example's shape ([H, W, C] for an image; any rank >= 1)
-A manifest without `dtype` (every dataset before array sources) holds uint8 images.
+A manifest without `dtype` (every dataset before array sources) holds uint8 images; one
+without `labels` holds class ids.
 
 Written by ingest/write_records.py, decoded by model/tfrecords.py; this module (plain Python, no
 TensorFlow) is the part both sides and the orchestration read: the layout, the manifest, the
@@ -32,14 +35,16 @@ MANIFEST_NAME = "manifest.json"
 FeatureDtype = Literal["uint8", "int32", "int64", "float16", "float32"]
 FEATURE_DTYPES: tuple[str, ...] = ("uint8", "int32", "int64", "float16", "float32")
 IMAGE_CHANNELS = (1, 3)
+LabelKind = Literal["class_ids", "rows"]
 
 
 @dataclass(frozen=True)
 class Features:
-    """What one example holds: its shape (without the example axis) and dtype."""
+    """What one example holds: its shape (without the example axis), dtype and label."""
 
     shape: tuple[int, ...]
     dtype: FeatureDtype = "uint8"
+    label_columns: int | None = None  # a float32 label row's width; None: one class id
 
     @classmethod
     def of(cls, features: Features | Sequence[int]) -> Features:
@@ -89,12 +94,15 @@ class Manifest(_Strict):
     """What a preprocessed dataset contains; `mean`/`std` are per channel (the last axis; on the
     0-255 scale for images), computed over the train split (or the first split when there is no
     train split). `image_shape` is one example's shape, `dtype` its values' type: an image's
-    [H, W, C] of uint8 (the default, so manifests written before other dtypes read as before)."""
+    [H, W, C] of uint8 (the default, so manifests written before other dtypes read as before).
+    `labels` says what a label is: a class id (the default) or a float row with one value per
+    name in `classes` (then `per_class` counts the examples whose value there is not 0)."""
 
     dataset: str
     classes: list[str] = Field(min_length=1)
     image_shape: list[int] = Field(min_length=1)
     dtype: FeatureDtype = "uint8"
+    labels: LabelKind = "class_ids"
     splits: dict[str, SplitInfo]
     mean: list[float]
     std: list[float]
@@ -103,7 +111,8 @@ class Manifest(_Strict):
     @property
     def features(self) -> Features:
         """Shape and dtype of one example: what the input pipeline and the network are given."""
-        return Features(tuple(self.image_shape), self.dtype)
+        columns = len(self.classes) if self.labels == "rows" else None
+        return Features(tuple(self.image_shape), self.dtype, columns)
 
     def to_json(self) -> str:
         """manifest.json's text; a uint8 dataset's has no `dtype`, byte for byte as before."""

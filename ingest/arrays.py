@@ -1,9 +1,12 @@
 """Arrays as a dataset: `((x_train, y_train), (x_test, y_test))`, checked and saved once as an .npz.
 
 The .npz has Keras' mnist.npz layout (keys x_train, y_train, x_test, y_test). Examples are any
-of FEATURE_DTYPES, of any rank >= 1 beyond the example axis, the same shape in both splits;
-labels are integer class indices 0..K-1 with K = the largest train label + 1, given as (N,) or
-(N, 1) (as keras.datasets' CIFAR-10). Every refusal is one line naming the array and the fault.
+of FEATURE_DTYPES, of any rank >= 1 beyond the example axis, the same shape in both splits.
+Labels are either integer class indices 0..K-1 with K = the largest train label + 1, given as
+(N,) or (N, 1) (as keras.datasets' CIFAR-10), or label rows (N, L) of the same width in both
+splits: floats (regression targets, one-hot or soft class rows; a float (N,) is one target
+column) or integers and booleans with L >= 2 (multi-hot tags), stored as float32. Every refusal
+is one line naming the array and the fault.
 
 `save_arrays` writes DATA_DIR/arrays/<name>.npz: the *input* of the `arrays` source's fetch
 (`towerbench fetch arrays --url DATA_DIR/arrays/<name>.npz --name <name>`), which copies it to
@@ -63,21 +66,33 @@ def _features(key: str, values: Any) -> np.ndarray:
     return values
 
 
+def _label_rows(key: str, labels: np.ndarray) -> np.ndarray:
+    """Float or multi-hot `labels` as float32 rows [N, L], finite."""
+    rows = labels.reshape(-1, 1) if labels.ndim == 1 else labels
+    if rows.ndim != 2:
+        raise TowerbenchError(f"{key}: shape {labels.shape}; label rows must be (N,) or (N, L)")
+    rows = rows.astype(np.float32)
+    if not np.isfinite(rows).all():
+        row = int(np.argwhere(~np.isfinite(rows))[0][0])
+        raise TowerbenchError(f"{key}: NaN or inf in the labels (example {row}, as float32)")
+    return rows
+
+
 def _labels(key: str, labels: Any, examples: int) -> np.ndarray:
-    """`labels` as int64 [N]: integers >= 0, one per example."""
+    """`labels` as int64 class ids [N] (integers >= 0, one per example) or float32 rows [N, L]."""
     labels = np.asarray(labels)
-    if labels.dtype.kind not in "iu":
+    if labels.dtype.kind not in "iubf":
         raise TowerbenchError(
-            f"{key}: labels are {labels.dtype}; class labels must be integers 0..K-1"
+            f"{key}: labels are {labels.dtype}; give integer class ids 0..K-1 or numeric rows"
         )
-    if labels.ndim == 2 and labels.shape[1] == 1:
+    if labels.ndim == 2 and labels.shape[1] == 1 and labels.dtype.kind in "iu":
         labels = labels[:, 0]  # keras.datasets.cifar10's (N, 1)
-    if labels.ndim != 1:
-        raise TowerbenchError(f"{key}: shape {labels.shape}; labels must be (N,) or (N, 1)")
     if len(labels) != examples:
         raise TowerbenchError(
             f"{key}: {len(labels)} labels for the {examples} examples of x_{key[2:]}"
         )
+    if labels.dtype.kind == "f" or labels.ndim > 1 or labels.dtype.kind == "b":
+        return _label_rows(key, labels)
     if labels.min() < 0:
         raise TowerbenchError(f"{key}: negative label {labels.min()}; labels are 0..K-1")
     return labels.astype(np.int64)
@@ -89,9 +104,41 @@ def _listed(values: np.ndarray, shown: int = 5) -> str:
     return f"{text} and {values.size - shown} more" if values.size > shown else text
 
 
-def check_arrays(arrays: dict[str, Any], where: str) -> tuple[dict[str, Split], int]:
-    """{train, test: (examples, int64 labels)} and the number of classes of `arrays` (keyed by
-    KEYS), or a one-line TowerbenchError starting with `where` (the file, or `data`)."""
+def _class_count(y_train: np.ndarray, y_test: np.ndarray) -> int:
+    """K of class ids 0..K-1: every one present in y_train, none beyond it in y_test."""
+    classes = int(y_train.max()) + 1
+    if classes < 2:
+        raise TowerbenchError("y_train: every label is 0; classifying needs 2 classes or more")
+    absent = np.setdiff1d(np.arange(classes), y_train)
+    if absent.size:
+        raise TowerbenchError(
+            f"y_train: label {classes - 1} implies {classes} classes, but {absent.size} of "
+            f"them have no example ({_listed(absent)}); labels must be 0..K-1, each present"
+        )
+    if y_test.max() >= classes:
+        raise TowerbenchError(
+            f"y_test: label {y_test.max()}, but y_train's largest is {classes - 1} "
+            f"({classes} classes implied)"
+        )
+    return classes
+
+
+def _column_count(y_train: np.ndarray, y_test: np.ndarray) -> int:
+    """L of label rows (N, L): the same in both splits, which are both rows."""
+    if y_test.ndim != y_train.ndim:
+        kinds = {1: "class ids", 2: "label rows"}
+        raise TowerbenchError(f"y_test: {kinds[y_test.ndim]}, y_train's are {kinds[y_train.ndim]}")
+    if y_test.shape[1] != y_train.shape[1]:
+        raise TowerbenchError(
+            f"y_test: label rows of {y_test.shape[1]} columns, y_train's have {y_train.shape[1]}"
+        )
+    return int(y_train.shape[1])
+
+
+def check_arrays(arrays: dict[str, Any], where: str) -> tuple[dict[str, Split], list[str]]:
+    """{train, test: (examples, labels)} of `arrays` (keyed by KEYS), and the names of the
+    classes or label columns (`0`, `1`, ...), or a one-line TowerbenchError starting with
+    `where` (the file, or `data`)."""
     try:
         splits: dict[str, Split] = {}
         for split in ("train", "test"):
@@ -103,23 +150,13 @@ def check_arrays(arrays: dict[str, Any], where: str) -> tuple[dict[str, Split], 
                 f"x_test: examples of shape {x_test.shape[1:]} {x_test.dtype}, x_train's are "
                 f"{x_train.shape[1:]} {x_train.dtype}"
             )
-        classes = int(y_train.max()) + 1
-        if classes < 2:
-            raise TowerbenchError("y_train: every label is 0; classifying needs 2 classes or more")
-        absent = np.setdiff1d(np.arange(classes), y_train)
-        if absent.size:
-            raise TowerbenchError(
-                f"y_train: label {classes - 1} implies {classes} classes, but {absent.size} of "
-                f"them have no example ({_listed(absent)}); labels must be 0..K-1, each present"
-            )
-        if y_test.max() >= classes:
-            raise TowerbenchError(
-                f"y_test: label {y_test.max()}, but y_train's largest is {classes - 1} "
-                f"({classes} classes implied)"
-            )
+        if y_train.ndim == 2 or y_test.ndim == 2:
+            width = _column_count(y_train, y_test)
+        else:
+            width = _class_count(y_train, y_test)
     except TowerbenchError as error:
         raise TowerbenchError(f"{where}: {error}") from None
-    return splits, classes
+    return splits, [str(index) for index in range(width)]
 
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -221,5 +258,5 @@ class ArraysSource:
 
     def load(self, folder: Path, record: dict[str, Any], config: PreprocessConfig) -> LoadedDataset:
         path = folder / record["file"]
-        splits, classes = check_arrays(read_npz(path), str(path))
-        return LoadedDataset([str(label) for label in range(classes)], splits, record)
+        splits, names = check_arrays(read_npz(path), str(path))
+        return LoadedDataset(names, splits, record)

@@ -16,7 +16,8 @@ class LoadedDataset:
     """Decoded arrays ready for `write_dataset`."""
 
     classes: list[str]
-    # split -> (uint8 images [N, H, W, C], or examples [N, ...] of a feature dtype; int [N])
+    # split -> (uint8 images [N, H, W, C] or examples [N, ...] of a feature dtype; labels:
+    # int class ids [N] or float rows [N, len(classes)])
     splits: dict[str, tuple[np.ndarray, np.ndarray]]
     source: dict[str, Any]  # provenance, copied into the manifest
 

@@ -38,14 +38,19 @@ from towerbench.core.tfrecord_format import (
 _STATS_CHUNK = 4096
 
 
-def _serialize(image_bytes: bytes, label: int, shape: list[int]) -> bytes:
+def _serialize(image_bytes: bytes, label: int | list[float], shape: list[int]) -> bytes:
     import tensorflow as tf
 
+    label_feature = (
+        tf.train.Feature(float_list=tf.train.FloatList(value=label))
+        if isinstance(label, list)
+        else tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))
+    )
     example = tf.train.Example(
         features=tf.train.Features(
             feature={
                 "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_bytes])),
-                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                "label": label_feature,
                 "shape": tf.train.Feature(int64_list=tf.train.Int64List(value=shape)),
             }
         )
@@ -74,11 +79,14 @@ def _check_split(split: str, values: np.ndarray, labels: np.ndarray, num_classes
             f"split {split!r}: examples must be [N, ...] of {', '.join(FEATURE_DTYPES)}, got "
             f"{values.dtype} {values.shape}"
         )
-    if labels.shape != (len(values),):
+    rows = labels.ndim == 2
+    if labels.shape != ((len(values), num_classes) if rows else (len(values),)):
         raise ValueError(f"split {split!r}: {len(values)} examples but labels {labels.shape}")
     if len(values) == 0:
         raise ValueError(f"split {split!r} has no examples")
-    if labels.min() < 0 or labels.max() >= num_classes:
+    if rows and not np.isfinite(labels).all():
+        raise ValueError(f"split {split!r}: NaN or inf in the label rows")
+    if not rows and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"split {split!r}: labels outside [0, {num_classes})")
 
 
@@ -111,8 +119,36 @@ def _write_split(
                 path=file_name, examples=len(shard_labels), sha256=file_sha256(folder / file_name)
             )
         )
-    per_class = np.bincount(labels, minlength=num_classes).tolist()
+    if labels.ndim == 2:
+        per_class = np.count_nonzero(labels, axis=0).tolist()
+    else:
+        per_class = np.bincount(labels, minlength=num_classes).tolist()
     return SplitInfo(examples=count, per_class=per_class, files=files)
+
+
+def _label_array(labels: Any) -> np.ndarray:
+    """int64 class ids [N], or float32 label rows [N, columns]."""
+    labels = np.asarray(labels)
+    return labels.astype(np.float32 if labels.ndim == 2 else np.int64)
+
+
+def _checked_arrays(
+    splits: Mapping[str, tuple[np.ndarray, np.ndarray]], num_classes: int
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """`splits` as arrays, each split checked; all of one example shape and dtype, and all
+    class ids or all label rows."""
+    arrays = {
+        split: (np.asarray(images), _label_array(labels))
+        for split, (images, labels) in splits.items()
+    }
+    if len({labels.ndim for _, labels in arrays.values()}) != 1:
+        raise ValueError("all splits must have class ids, or all label rows")
+    shapes = {(images.shape[1:], images.dtype.name) for images, _ in arrays.values()}
+    if len(shapes) != 1:
+        raise ValueError(f"all splits must share one shape and dtype, got {sorted(shapes)}")
+    for split, (images, labels) in arrays.items():
+        _check_split(split, images, labels, num_classes)
+    return arrays
 
 
 def write_dataset(
@@ -123,9 +159,10 @@ def write_dataset(
     shards: int,
     source: dict[str, Any],
 ) -> Manifest:
-    """Write `splits` ({split: (examples [N, ...], labels int [N])}: uint8 images [N, H, W, C]
-    or any of FEATURE_DTYPES of any rank) as `shards` TFRecord files per split plus
-    manifest.json into `out_dir` (usually `dataset_dir(data_dir, name)`).
+    """Write `splits` ({split: (examples [N, ...], labels)}: uint8 images [N, H, W, C] or any of
+    FEATURE_DTYPES of any rank; labels int class ids [N], or float rows [N, len(classes)]) as
+    `shards` TFRecord files per split plus manifest.json into `out_dir` (usually
+    `dataset_dir(data_dir, name)`).
 
     The folder appears complete or not at all; same arguments give byte-identical files.
     """
@@ -133,15 +170,8 @@ def write_dataset(
         raise ValueError("write_dataset needs at least one split")
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
-    arrays = {
-        split: (np.asarray(images), np.asarray(labels).astype(np.int64))
-        for split, (images, labels) in splits.items()
-    }
+    arrays = _checked_arrays(splits, len(classes))
     shapes = {(images.shape[1:], images.dtype.name) for images, _ in arrays.values()}
-    if len(shapes) != 1:
-        raise ValueError(f"all splits must share one shape and dtype, got {sorted(shapes)}")
-    for split, (images, labels) in arrays.items():
-        _check_split(split, images, labels, len(classes))
 
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -160,6 +190,7 @@ def write_dataset(
                 classes=list(classes),
                 image_shape=[int(size) for size in next(iter(shapes))[0]],
                 dtype=next(iter(shapes))[1],
+                labels="rows" if next(iter(arrays.values()))[1].ndim == 2 else "class_ids",
                 splits=infos,
                 mean=mean,
                 std=std,

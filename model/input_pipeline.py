@@ -180,7 +180,7 @@ def evaluation_dataset(
 ) -> tf.data.Dataset:
     """Every example exactly once, in fixed-size batches: (images, labels, mask).
 
-    The final partial batch is padded to `batch` (label -1, mask False), so one compiled
+    The final partial batch is padded to `batch` (zeros, mask False), so one compiled
     evaluation function serves every batch and padding is never counted.
     """
     features = Features.of(features)
@@ -194,12 +194,13 @@ def evaluation_dataset(
 
     @tf.autograph.experimental.do_not_convert
     def pad(images: tf.Tensor, labels: tf.Tensor):
-        missing = batch - tf.shape(labels)[0]
+        present = tf.shape(labels)[0]
+        missing = batch - present
         images = tf.pad(images, [[0, missing]] + [[0, 0]] * len(features.shape))
-        labels = tf.pad(labels, [[0, missing]], constant_values=-1)
+        labels = tf.pad(labels, [[0, missing]] + [[0, 0]] * (labels.shape.rank - 1))
         images.set_shape([batch, *images.shape[1:]])
-        labels.set_shape([batch])
-        return images, labels, labels >= 0
+        labels.set_shape([batch, *labels.shape[1:]])
+        return images, labels, tf.range(batch) < present
 
     return (
         _records(files)

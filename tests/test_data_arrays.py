@@ -96,9 +96,21 @@ BAD = {
         lambda tr, te: ((tr[0], tr[1][:-1]), te),
         "y_train: 199 labels for the 200 examples of x_train",
     ),
-    "float labels": (
-        lambda tr, te: ((tr[0], tr[1].astype(np.float32)), te),
-        "y_train: labels are float32; class labels must be integers",
+    "text labels": (
+        lambda tr, te: ((tr[0], tr[1].astype(str)), te),
+        "y_train: labels are <U3; give integer class ids 0..K-1 or numeric rows",
+    ),
+    "label rows of two widths": (
+        lambda tr, te: ((tr[0], np.eye(3)[tr[1]]), (te[0], np.eye(4)[te[1]])),
+        "y_test: label rows of 4 columns, y_train's have 3",
+    ),
+    "label rows beside class ids": (
+        lambda tr, te: ((tr[0], np.eye(3)[tr[1]]), te),
+        "y_test: class ids, y_train's are label rows",
+    ),
+    "NaN in a target": (
+        lambda tr, te: (tr, (te[0], np.where(np.arange(len(te[1])) == 2, np.nan, 1.0))),
+        "y_test: NaN or inf in the labels (example 2, as float32)",
     ),
     "negative labels": (
         lambda tr, te: (tr, (te[0], te[1].astype(np.int64) - 1)),
