@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from towerbench.config.losses import LossName
 from towerbench.config.model_ref import parse_model
 from towerbench.config.names import DatasetName, name_from
 from towerbench.config.optimizers import (
@@ -180,6 +181,13 @@ class TrainConfig(StrictModel):
         "mean",
         description="Combine tower gradients by their mean (Horovod, the tutorial) or sum "
         "(tf.distribute without global-batch loss scaling).",
+    )
+    loss: LossName = Field(
+        "sparse_categorical_crossentropy",
+        description="Per-example loss, averaged over the batch: sparse_categorical_crossentropy "
+        "(class ids), categorical_crossentropy (one-hot or soft label rows), binary_crossentropy "
+        "(0/1 label rows: binary or multi-label), all three from logits; mse, mae, huber "
+        "(regression targets).",
     )
     global_batch: int = Field(128, ge=1, description="Examples per step over all towers.")
     epochs: float = Field(10, gt=0, description="Passes over the training set.")

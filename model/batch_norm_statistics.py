@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 import keras
 import tensorflow as tf
 
+from towerbench.model.losses import true_classes
 from towerbench.model.tower_gradients import shard_sizes
 from towerbench.model.user_model import layers_of
 
@@ -57,7 +58,7 @@ def accuracy_on(
         with tf.device(device):
             logits, _ = model.stateless_call(weights, non_trainable, images, training=False)
         predicted = tf.argmax(logits, -1, tf.int32)
-        right += int(tf.reduce_sum(tf.cast(predicted == tf.cast(labels, tf.int32), tf.int32)))
+        right += int(tf.reduce_sum(tf.cast(predicted == true_classes(labels), tf.int32)))
         examples += int(labels.shape[0])
     return right / max(examples, 1)
 

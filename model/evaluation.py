@@ -1,5 +1,5 @@
 """Evaluation on the test split: every test example counted exactly once (the last, padded batch
-is masked), giving the confusion matrix and the mean test cross-entropy of the given weights."""
+is masked), giving the confusion matrix and the mean test loss (train.loss) of the given weights."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from towerbench.core.tfrecord_format import Features
 from towerbench.model.input_pipeline import evaluation_dataset
+from towerbench.model.losses import per_example_loss, true_classes
 
 EVAL_BATCH = 500
 
@@ -19,7 +20,8 @@ def accuracy(confusion: np.ndarray) -> float:
 
 
 class Evaluator:
-    """Confusion matrix and mean cross-entropy of given weights on the whole test split."""
+    """Confusion matrix and mean loss of given weights on the whole test split (a loss with one
+    class per example: a class id, or a label row's largest value)."""
 
     def __init__(
         self,
@@ -29,10 +31,12 @@ class Evaluator:
         features: Features | Sequence[int],
         crop_size: int | None,
         classes: int,
+        loss: str = "sparse_categorical_crossentropy",
     ):
         self.dataset = evaluation_dataset(files, features, crop_size, EVAL_BATCH)
         self.model, self.device, self.classes = model, device, classes
         self.non_trainable = model.non_trainable_variables
+        per_example = per_example_loss(loss)
 
         @tf.function(autograph=False)  # no tensor-dependent Python control flow
         def predict_batch(weights, non_trainable, images, labels, mask):
@@ -41,22 +45,21 @@ class Evaluator:
                     weights, non_trainable, images, training=False
                 )
                 predictions = tf.argmax(logits, -1, tf.int32)
-                kept = tf.where(mask, labels, 0)
-                cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(kept, logits)
+                losses = per_example(labels, logits)
             # Padding (mask False) gets weight 0: counted nowhere.
             confusion = tf.math.confusion_matrix(
-                kept,
+                tf.where(mask, true_classes(labels), 0),
                 predictions,
                 self.classes,
                 weights=tf.cast(mask, tf.int64),
                 dtype=tf.int64,
             )
-            return confusion, tf.reduce_sum(tf.where(mask, cross_entropy, 0.0))
+            return confusion, tf.reduce_sum(tf.where(mask, losses, 0.0))
 
         self.predict_batch = predict_batch
 
     def evaluate(self, weights, non_trainable=None) -> tuple[np.ndarray, float]:
-        """(confusion matrix [true, predicted class], mean test cross-entropy) of `weights`,
+        """(confusion matrix [true, predicted class], mean test loss) of `weights`,
         with the model's own non-trainable values (BatchNorm's moving statistics) unless
         `non_trainable` gives others (model.batch_norm_statistics)."""
         values = [tf.convert_to_tensor(w) for w in weights]

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from towerbench.config.losses import LOSS_LABELS, LossName
 from towerbench.config.model_ref import BUILTIN_MODELS
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
@@ -112,6 +113,7 @@ class GradcheckResult(BaseModel):
     devices: list[str]
     learning_rate: float
     weight_decay: float
+    loss: LossName = "sparse_categorical_crossentropy"
     # What in the network makes towers differ: BatchNorm, and the dropout layers switched off.
     batchnorm: bool
     dropout_disabled: list[str]
@@ -167,12 +169,13 @@ class _Problem:
     """What every way of computing the gradient shares: one batch, one network, one start."""
 
     model: str
+    loss: str
     num_classes: int
     initial: list[np.ndarray]
     weight_decay: float
     seed: int
     images: Any  # tf.Tensor (B, H, W, C)
-    labels: Any  # tf.Tensor (B,)
+    labels: Any  # tf.Tensor: class ids (B,), or rows (B, num_classes) for the other losses
     precision: Precision
 
     def network(self):
@@ -259,6 +262,7 @@ def _tower_run(
         network = problem.network()
     config = ONE_SGD_STEP.model_copy(
         update={
+            "loss": problem.loss,
             "aggregation": aggregation,
             "weight_decay": problem.weight_decay,
             "precision": problem.precision,
@@ -276,7 +280,11 @@ def _update_config(problem: _Problem, optimizer: str):
     """`optimizer` with its defaults (no dataset preset) on the problem's network."""
 
     return TrainConfig(
-        model=problem.model, dataset="gradcheck", optimizer=optimizer, precision=problem.precision
+        model=problem.model,
+        dataset="gradcheck",
+        optimizer=optimizer,
+        precision=problem.precision,
+        loss=problem.loss,
     )
 
 
@@ -291,12 +299,11 @@ def _weights_after_updates(problem: _Problem, devices: TowerDevices, optimizer: 
     with tf.device(devices.parameter_device):
         network = problem.network()
     trainer = tower_trainer(network, config, devices, config.base_lr, weight_average=False)
-    batch, classes = problem.images.shape, problem.num_classes
+    batch = problem.images.shape
     for step in range(UPDATE_STEPS):
         seed = [problem.seed, 10 + step]
         images = tf.random.stateless_normal(batch, seed=seed)
-        labels = tf.random.stateless_uniform((batch[0],), seed, 0, classes, tf.int32)
-        trainer.step(images, labels)
+        trainer.step(images, _labels(problem.loss, batch[0], problem.num_classes, seed))
     return [v.numpy() for v in network.model.trainable_variables]
 
 
@@ -323,6 +330,8 @@ def _ghost_run(problem: _Problem, device: str, towers: int) -> Way:
     statistics, as towers do (Hoffer et al. 2017). No per-tower gradients are averaged here."""
     import tensorflow as tf
 
+    from towerbench.model.losses import per_example_loss
+
     with tf.device(device):
         network = problem.network()
         variables = network.model.trainable_variables
@@ -331,10 +340,8 @@ def _ghost_run(problem: _Problem, device: str, towers: int) -> Way:
             for shard in tf.split(problem.images, towers):
                 logits.append(network.model(shard, training=True))
                 call_losses.append(_call_losses(network.model))
-            cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(
-                problem.labels, tf.concat(logits, 0)
-            )
-            loss = tf.reduce_mean(cross_entropy) + tf.add_n(call_losses) / towers
+            per_example = per_example_loss(problem.loss)(problem.labels, tf.concat(logits, 0))
+            loss = tf.reduce_mean(per_example) + tf.add_n(call_losses) / towers
             decay_loss = _decay_loss(network, problem.weight_decay)
         gradients = [_dense(g) for g in tape.gradient(loss, variables)]
         decay_gradients = tape.gradient(decay_loss, variables)
@@ -348,6 +355,7 @@ def _mirrored_run(problem: _Problem, devices: TowerDevices) -> Way:
     """The same with MirroredStrategy: per-replica loss = sum / global batch, gradients summed."""
     import tensorflow as tf
 
+    from towerbench.model.losses import per_example_loss
     from towerbench.model.optimizers import build_optimizer
 
     # Reducing on the parameter device (rather than collectives, the CPU default) lets several
@@ -374,7 +382,7 @@ def _mirrored_run(problem: _Problem, devices: TowerDevices) -> Way:
         shard_images, shard_labels = inputs
         with tf.GradientTape(persistent=True) as tape:
             logits = network.model(shard_images, training=True)
-            per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(shard_labels, logits)
+            per_example = per_example_loss(problem.loss)(shard_labels, logits)
             data_loss = tf.nn.compute_average_loss(
                 per_example, global_batch_size=batch
             ) + tf.nn.scale_regularization_loss(_call_losses(network.model))
@@ -502,6 +510,7 @@ def _problem(
     num_classes: int,
     devices: TowerDevices,
     integer_inputs: bool = False,
+    loss: str = "sparse_categorical_crossentropy",
 ) -> tuple[_Problem, Any]:
     """The fixed batch and initial weights every way starts from, and the reference network
     (keras.Model) they were taken from. Integer inputs (token ids) are ids 0 and 1, which every
@@ -516,14 +525,37 @@ def _problem(
         images = tf.random.stateless_uniform((global_batch, *shape), [seed, 1], 0, 2, tf.int32)
     else:
         images = tf.random.stateless_normal((global_batch, *shape), seed=[seed, 1])
-    labels = tf.random.stateless_uniform((global_batch,), [seed, 2], 0, num_classes, tf.int32)
+    labels = _labels(loss, global_batch, num_classes, [seed, 2])
     keras.utils.set_random_seed(seed)
     with tf.device(devices.parameter_device):
         reference = build_network(model, shape, num_classes, seed).model
     problem = _Problem(
-        model, num_classes, reference.get_weights(), weight_decay, seed, images, labels, precision
+        model,
+        loss,
+        num_classes,
+        reference.get_weights(),
+        weight_decay,
+        seed,
+        images,
+        labels,
+        precision,
     )
     return problem, reference
+
+
+def _labels(loss: str, batch: int, width: int, seed: list[int]):
+    """Random labels of the kind `loss` takes: class ids; soft class rows (a softmax), for
+    categorical_crossentropy; 0/1 rows (multi-hot) for binary_crossentropy; normal targets."""
+    import tensorflow as tf
+
+    if LOSS_LABELS[loss] == "class_ids":
+        return tf.random.stateless_uniform((batch,), seed, 0, width, tf.int32)
+    values = tf.random.stateless_normal((batch, width), seed)
+    if loss == "categorical_crossentropy":
+        return tf.nn.softmax(2.0 * values)
+    if loss == "binary_crossentropy":
+        return tf.cast(values > 0, tf.float32)
+    return values
 
 
 def _workers_run(problem: _Problem, devices: TowerDevices, cluster: Cluster) -> Way:
@@ -568,11 +600,12 @@ def run_gradcheck(
     num_classes: int = NUM_CLASSES,
     optimizers: tuple[str, ...] = (),
     integer_inputs: bool = False,
+    loss: str = "sparse_categorical_crossentropy",
 ) -> GradcheckResult | None:
     """Compare one device, k towers (mean, sum) and MirroredStrategy on one fixed batch of
     `input_shape` inputs (default: the built-in network's images, else USER_INPUT_SHAPE; token
-    ids when `integer_inputs`), in a cluster the workers' towers, and each of `optimizers`'
-    updates; workers other than the chief return None."""
+    ids when `integer_inputs`) and labels `loss` takes, in a cluster the workers' towers, and
+    each of `optimizers`' updates; workers other than the chief return None."""
     from towerbench.model.user_model import disable_dropout
 
     cluster = cluster or Cluster()
@@ -580,7 +613,7 @@ def run_gradcheck(
     default_shape = INPUT_SHAPES[model] if model in BUILTIN_MODELS else USER_INPUT_SHAPE
     shape = tuple(input_shape or default_shape)
     problem, reference = _problem(
-        model, global_batch, seed, precision, shape, num_classes, devices, integer_inputs
+        model, global_batch, seed, precision, shape, num_classes, devices, integer_inputs, loss
     )
     across = _workers_run(problem, devices, cluster) if cluster.workers > 1 else None
     if not cluster.is_chief:
@@ -600,6 +633,7 @@ def run_gradcheck(
         devices=list(devices.devices),
         learning_rate=GRADCHECK_LR,
         weight_decay=problem.weight_decay,
+        loss=loss,
         batchnorm=_has_batchnorm(reference),
         dropout_disabled=disable_dropout(reference),
         precision=precision,

@@ -1,8 +1,8 @@
 """The towers' gradient: k replicas of the network, one per device, each on its shard of the batch.
 
 Each step the global batch is split into k shards; tower t computes, on its own device, the
-gradient of its shard's cross-entropy
-    loss_t = sum(cross_entropy over shard t) / (B / k)
+gradient of its shard's loss (train.loss, per example: model.losses; the cross-entropy by default)
+    loss_t = sum(loss over shard t) / (B / k)
 (the shard mean when shards are equal). The k gradients are combined on the parameter device:
     mean: (1/k) sum_t grad_t  = gradient of the global batch's mean loss (the tutorial, Horovod)
     sum:        sum_t grad_t  = k x that (tf.distribute without global-batch loss scaling).
@@ -26,8 +26,10 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
+from towerbench.config.losses import SINGLE_CLASS
 from towerbench.model.cluster import STEP_INSTANCE_KEY, Cluster, sum_over_workers
 from towerbench.model.devices import TowerDevices
+from towerbench.model.losses import PerExampleLoss, per_example_loss, true_classes
 from towerbench.model.precision import LossScale
 from towerbench.model.user_model import SEED_STATE
 
@@ -46,8 +48,8 @@ class TowerGradients(NamedTuple):
     """One step's combined gradients and what the metrics need."""
 
     data_gradients: list[tf.Tensor]  # combined with `aggregation`, no weight decay
-    cross_entropy_sum: tf.Tensor  # summed over every example of the global batch
-    correct: tf.Tensor  # correctly classified examples
+    cross_entropy_sum: tf.Tensor  # the loss (train.loss) summed over the global batch
+    correct: tf.Tensor  # correctly classified examples (0 for a loss without classes)
     non_trainable_values: list[tf.Tensor]  # BatchNorm statistics averaged over all towers
     model_loss: tf.Tensor  # the model's own losses of the call (activity), mean over towers
     small_norm_sq: tf.Tensor  # mean over all towers of |grad_t|^2 (per-tower-batch gradient)
@@ -80,6 +82,7 @@ class TowerGradientFunction:
         loss_scale: LossScale,
         cluster: Cluster,
         jit_compile: bool = False,
+        loss: str = "sparse_categorical_crossentropy",
     ):
         if aggregation not in ("mean", "sum"):
             raise ValueError(f"aggregation must be mean or sum, got {aggregation!r}")
@@ -88,6 +91,8 @@ class TowerGradientFunction:
         self.aggregation = aggregation
         self.loss_scale = loss_scale
         self.cluster = cluster
+        self.loss: PerExampleLoss = per_example_loss(loss)
+        self.classifies = loss in SINGLE_CLASS
         self.trainable = list(model.trainable_variables)
         self.non_trainable = list(model.non_trainable_variables)
         # Floating-point state (BatchNorm's moving statistics) is averaged over the towers; the
@@ -118,8 +123,9 @@ class TowerGradientFunction:
         return self.towers * self.cluster.workers
 
     def _tower_pass(self, weights, non_trainable, images, labels, normalizer, scale):
-        """One tower: forward, cross-entropy, backward. Shapes: images (b, H, W, C), labels (b,).
-        The gradients are of the loss times `scale` (float16's loss scale, else 1)."""
+        """One tower: forward, loss, backward. Shapes: images (b, H, W, C), labels (b,) class
+        ids or (b, columns) rows. The gradients are of the loss times `scale` (float16's loss
+        scale, else 1)."""
         with tf.GradientTape() as tape:
             tape.watch(weights)
             logits, new_non_trainable, losses = self.model.stateless_call(
@@ -127,13 +133,24 @@ class TowerGradientFunction:
             )
             call_losses = [tf.cast(x, tf.float32) for x in losses[: len(losses) - self.regularized]]
             model_loss = tf.add_n(call_losses) if call_losses else tf.constant(0.0)
-            cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
-            loss = tf.reduce_sum(cross_entropy) / normalizer + model_loss
+            per_example = self.loss(labels, logits)
+            loss = tf.reduce_sum(per_example) / normalizer + model_loss
             scaled = loss * scale if self.loss_scale.dynamic else loss
         gradients = tape.gradient(scaled, weights)
-        hits = tf.equal(tf.argmax(logits, -1, tf.int32), labels)
-        correct = tf.reduce_sum(tf.cast(hits, tf.int64))
-        return gradients, tf.reduce_sum(cross_entropy), correct, new_non_trainable, model_loss
+        return (
+            gradients,
+            tf.reduce_sum(per_example),
+            self._correct(labels, logits),
+            new_non_trainable,
+            model_loss,
+        )
+
+    def _correct(self, labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+        """Examples whose largest logit is their class (0 for a loss without one class each)."""
+        if not self.classifies:
+            return tf.constant(0, tf.int64)
+        hits = tf.equal(tf.argmax(logits, -1, tf.int32), true_classes(labels))
+        return tf.reduce_sum(tf.cast(hits, tf.int64))
 
     def _tower_state(self, non_trainable: list[tf.Tensor], replica: int) -> list[tf.Tensor]:
         """The state tower `replica` (over all workers) starts from: its own random state."""

@@ -55,6 +55,7 @@ class TowerTrainer:
         cluster: Cluster | None = None,
         precision: Precision = "float32",
         adascale: AdaScale | None = None,
+        loss: str = "sparse_categorical_crossentropy",
     ):
         self.model = network.model
         self.optimizer = optimizer
@@ -71,7 +72,7 @@ class TowerTrainer:
             self.loss_scale = LossScale(precision)
             self.metrics = StepMetrics()
         self.tower_gradients = TowerGradientFunction(
-            self.model, devices, aggregation, self.loss_scale, self.cluster, jit_compile
+            self.model, devices, aggregation, self.loss_scale, self.cluster, jit_compile, loss
         )
         # No AutoGraph: the step's control flow is all Python, and converting it would add
         # about a second to every training process's first step.
@@ -175,7 +176,7 @@ def tower_trainer(
     weight_average: bool = True,
 ) -> TowerTrainer:
     """The tower step of `network` as `config` describes it: its optimizer (model.optimizers) on
-    `learning_rate`, the aggregation, the L2 weight decay, XLA, the precision and (unless
+    `learning_rate`, the loss, the aggregation, the L2 weight decay, XLA, the precision and (unless
     `weight_average` is off) the weights' EMA. Training, the advise probe, gradcheck and the
     step benchmark all build their trainer here."""
     return TowerTrainer(
@@ -189,4 +190,5 @@ def tower_trainer(
         cluster,
         config.precision,
         adascale,
+        config.loss,
     )

@@ -150,6 +150,7 @@ def _set_up(
         manifest.features,
         config.crop_size,
         len(manifest.classes),
+        config.loss,
     )
     checkpoints, history, step = _restore(config, trainer, checkpoint_dir)
     return _Run(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from towerbench.config.losses import LOSS_LABELS, SINGLE_CLASS
 from towerbench.config.model_ref import parse_model
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
@@ -46,10 +47,43 @@ def _check_network_takes(config: TrainConfig, manifest: Manifest) -> None:
         )
 
 
+_LABELS_NAMED = {"class_ids": "class ids", "rows": "label rows"}
+
+
+def _check_loss_takes(config: TrainConfig, manifest: Manifest) -> None:
+    """The loss takes the dataset's labels (class ids or rows), and a run can judge it: by
+    accuracy, so one class per example."""
+    takes = LOSS_LABELS[config.loss]
+    if takes != manifest.labels:
+        holds = (
+            f"label rows of {len(manifest.classes)} columns"
+            if manifest.labels == "rows"
+            else "class ids"
+        )
+        fits = (
+            "categorical_crossentropy (one-hot or soft rows), binary_crossentropy (0/1 rows) or "
+            "mse, mae, huber (targets)"
+            if manifest.labels == "rows"
+            else "sparse_categorical_crossentropy"
+        )
+        raise TowerbenchError(
+            f"--loss {config.loss} takes {_LABELS_NAMED[takes]}, {config.dataset!r} holds "
+            f"{holds}: use {fits}"
+        )
+    if config.loss not in SINGLE_CLASS:
+        raise TowerbenchError(
+            f"--loss {config.loss}: a run is judged by test accuracy, which needs one class per "
+            "example (sparse_categorical_crossentropy or categorical_crossentropy); a metric for "
+            f"{config.loss} is not built yet (`towerbench gradcheck --loss {config.loss}` checks "
+            "its gradient)"
+        )
+
+
 def check_config_against_data(config: TrainConfig, manifest: Manifest) -> None:
     """Refuse settings the dataset cannot satisfy, naming the option."""
     examples = manifest.splits["train"].examples
     _check_network_takes(config, manifest)
+    _check_loss_takes(config, manifest)
     if config.towers > examples:
         raise TowerbenchError(
             f"--towers {config.towers} exceeds the {examples} training examples of "

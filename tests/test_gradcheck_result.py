@@ -20,6 +20,7 @@ KEYS = [
     "devices",
     "learning_rate",
     "weight_decay",
+    "loss",
     "batchnorm",
     "dropout_disabled",
     "precision",

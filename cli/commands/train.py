@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # imported with TensorFlow, once the command runs
 
 # What gradcheck takes from the training configuration: the network, the towers, one batch.
 GRADCHECK_FIELDS = frozenset(
-    {"model", "dataset", "towers", "workers", "global_batch", "seed", "precision"}
+    {"model", "dataset", "towers", "workers", "global_batch", "seed", "precision", "loss"}
 )
 
 
@@ -251,12 +251,13 @@ def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
         config.precision,
         **images,
         optimizers=OPTIMIZERS,
+        loss=config.loss,
     )
     if result is None:  # a worker other than the chief: the chief reports
         return CommandResult(0, {})
     print(
         f"{config.model}: {config.towers} tower(s) on {result.device_kind} devices, "
-        f"global batch {config.global_batch}; images {why}"
+        f"global batch {config.global_batch}, loss {config.loss}; images {why}"
     )
     _print_per_variable(result)
     _print_comparisons(result, config)

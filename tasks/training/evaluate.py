@@ -104,6 +104,7 @@ def log_evaluation(result: Any) -> None:
             input_shape=tuple(spec.shape[1:]),
             num_classes=len(result.classes),
             integer_inputs="int" in str(spec.dtype),
+            loss=config.loss,
         )
         if check is not None:  # None on a worker other than the chief
             mlflow.log_dict(check.to_json(), "gradcheck.json")

@@ -1,0 +1,69 @@
+"""The per-example losses of config/losses.py in TensorFlow: `loss(labels, outputs) -> (batch,)`.
+
+Labels are int32 class ids (batch,) for sparse_categorical_crossentropy and float32 rows
+(batch, columns) for the others; outputs are the network's (batch, columns), logits for the
+cross-entropies. A row's loss is the mean over its columns, as Keras' losses take it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from towerbench.config.losses import HUBER_DELTA
+
+PerExampleLoss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+
+
+def _sparse_categorical(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+
+
+def _categorical(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    return tf.nn.softmax_cross_entropy_with_logits(labels, logits)
+
+
+def _binary(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits), -1)
+
+
+def _squared(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_mean(tf.square(outputs - labels), -1)
+
+
+def _absolute(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_mean(tf.abs(outputs - labels), -1)
+
+
+def _huber(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+    error = tf.abs(outputs - labels)
+    quadratic = tf.minimum(error, HUBER_DELTA)
+    return tf.reduce_mean(0.5 * tf.square(quadratic) + HUBER_DELTA * (error - quadratic), -1)
+
+
+BUILT_IN: dict[str, PerExampleLoss] = {
+    "sparse_categorical_crossentropy": _sparse_categorical,
+    "categorical_crossentropy": _categorical,
+    "binary_crossentropy": _binary,
+    "mse": _squared,
+    "mae": _absolute,
+    "huber": _huber,
+}
+
+
+def per_example_loss(name: str) -> PerExampleLoss:
+    """The loss `name` as `fn(labels, outputs) -> (batch,)` in float32."""
+    loss = BUILT_IN[name]
+
+    def as_float32(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+        return loss(labels, tf.cast(outputs, tf.float32))
+
+    return as_float32
+
+
+def true_classes(labels: tf.Tensor) -> tf.Tensor:
+    """Each example's class, int32 (batch,): its id, or its label row's largest value."""
+    if labels.shape.rank == 1:
+        return labels
+    return tf.argmax(labels, -1, tf.int32)
