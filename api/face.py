@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from towerbench.api.inputs import (
     DataArgument,
     ModelArgument,
+    function_overrides,
+    given_functions,
     load_params,
     location_overrides,
     model_and_data,
@@ -66,11 +68,13 @@ def _configuration(
     folder = Path(data_dir) if data_dir is not None else located.data.data_dir
     project = Path(params).resolve().parent if params is not None else Path.cwd()
     locations = location_overrides(tracking_uri, folder)
-    # The keywords checked before a model file or the arrays are written: a refused call
-    # leaves nothing behind.
-    refuse_function_on_a_pool(model, load_params(params, [*locations, *overrides], False))
+    # The keywords checked before a model or loss file or the arrays are written: a refused
+    # call leaves nothing behind.
+    values = [override for override in overrides if override not in given_functions(overrides)]
+    refuse_function_on_a_pool(model, overrides, load_params(params, [*locations, *values], False))
     given, version = model_and_data(model, data, name, folder, project)
-    everything = [*locations, *train_overrides(given), *overrides]
+    written = function_overrides(overrides, folder)
+    everything = [*locations, *train_overrides(given), *written]
     return _Configuration(load_params(params, everything), everything, version)
 
 

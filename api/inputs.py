@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 from towerbench.api.arrays_data import Arrays, dataset_from_arrays
-from towerbench.api.notebook_model import model_file
+from towerbench.api.notebook_model import LOSS, MODEL, function_file
 from towerbench.config.load import Override, load
 from towerbench.config.params import SWEEP_AXES, Params, SweepGrid, TrackingConfig, TrainGrid
 from towerbench.config.sections import DataConfig, TrainConfig
@@ -82,7 +83,7 @@ def model_and_data(
     fields: dict[str, Any] = {}
     version = None
     if callable(model):
-        fields["model"] = model_file(model, data_dir)
+        fields["model"] = function_file(model, data_dir, MODEL)
     elif model is not None:
         fields["model"] = model
     if isinstance(data, tuple | list):
@@ -100,11 +101,34 @@ def load_params(
     return load(path, overrides, resolve_tracking=resolve_tracking)
 
 
-def refuse_function_on_a_pool(model: ModelArgument, params: Params) -> None:
-    """A pool's workers run on other hosts: they can import a file, not this process's function."""
-    if callable(model) and params.sweep.pool is not None:
+def given_functions(overrides: list[Override]) -> list[Override]:
+    """The keywords given a Python function rather than a value (loss=)."""
+    return [override for override in overrides if callable(override.value)]
+
+
+def function_overrides(overrides: list[Override], data_dir: Path) -> list[Override]:
+    """`overrides` with a function given as loss= made the loss file that imports it."""
+    return [
+        replace(override, value=function_file(override.value, data_dir, LOSS))
+        if callable(override.value)
+        else override
+        for override in overrides
+    ]
+
+
+def refuse_function_on_a_pool(
+    model: ModelArgument, overrides: list[Override], params: Params
+) -> None:
+    """A pool's workers run on other hosts: they can import a file, not this process's function
+    (model=, loss=); a function for any other keyword is refused here too."""
+    functions = given_functions(overrides)
+    for override in functions:
+        if override.field != "loss":
+            raise TowerbenchError(f"{override.option}: takes a value, not a Python function")
+    role = MODEL if callable(model) else LOSS if functions else None
+    if role is not None and params.sweep.pool is not None:
         raise TowerbenchError(
-            f"model=: a function defined here cannot reach the workers of pool "
+            f"{role.keyword}=: a function defined here cannot reach the workers of pool "
             f"{params.sweep.pool!r} on other hosts; put it in a file and pass "
-            "model='path/to/file.py:build'"
+            f"{role.keyword}='path/to/file.py:{role.name}'"
         )

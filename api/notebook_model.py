@@ -1,11 +1,12 @@
-"""A network builder given as a Python function, made a model file the training processes import.
+"""A network builder (model=) or a per-example loss (loss=) given as a Python function, made a
+file the training processes import.
 
 Training runs in processes of its own (TensorFlow fixes its devices once per process), which know
-a network by reference: `path/to/file.py:function`. A function defined in a notebook cell or a
+a function by reference: `path/to/file.py:function`. A function defined in a notebook cell or a
 script has no importable home, so it is written, by value (cloudpickle), into a small module under
 DATA_DIR/models/ named by the digest of its content, with its source text on top. That file's
-sha256 is the run's `model_digest`, as for any model file: an edited cell is a new file, a new
-sweep; the same cell again is the same file, and a sweep resumes.
+sha256 is the run's `model_digest` (`loss_digest`), as for any model file: an edited cell is a new
+file, a new sweep; the same cell again is the same file, and a sweep resumes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import cloudpickle  # type: ignore[import-untyped]  # ships no type information
@@ -24,22 +26,41 @@ import cloudpickle  # type: ignore[import-untyped]  # ships no type information
 from towerbench.core.errors import TowerbenchError
 
 MODELS = "models"  # under the data dir
-SIGNATURE = "build(input_shape, num_classes)"
 # A builder carried by value larger than this closes over data (arrays, a dataset, a model):
 # every training process would load it from the file, and every edit would write it again.
 LARGEST_PICKLE_BYTES = 8 * 2**20
 
 
-def _check_signature(build: Callable[..., object]) -> None:
+@dataclass(frozen=True)
+class FunctionRole:
+    """What a function given from Python is for: the keyword it came by, its name in the
+    written module, and the arguments towerbench calls it with."""
+
+    keyword: str
+    name: str
+    arguments: tuple[str, ...]
+
+    @property
+    def signature(self) -> str:
+        return f"{self.name}({', '.join(self.arguments)})"
+
+
+MODEL = FunctionRole("model", "build", ("input_shape", "num_classes"))
+LOSS = FunctionRole("loss", "loss", ("y_true", "y_pred"))
+
+
+def _check_signature(function: Callable[..., object], role: FunctionRole) -> None:
     try:
-        inspect.signature(build).bind("input_shape", "num_classes")
+        inspect.signature(function).bind(*role.arguments)
     except TypeError:
         raise TowerbenchError(
-            f"model=: {getattr(build, '__name__', build)!r} takes "
-            f"{inspect.signature(build)}, not {SIGNATURE}"
+            f"{role.keyword}=: {getattr(function, '__name__', function)!r} takes "
+            f"{inspect.signature(function)}, not {role.signature}"
         ) from None
     except ValueError:  # a builtin without a signature
-        raise TowerbenchError(f"model=: {build!r} is not a Python function {SIGNATURE}") from None
+        raise TowerbenchError(
+            f"{role.keyword}=: {function!r} is not a Python function {role.signature}"
+        ) from None
 
 
 def _source(build: Callable[..., object]) -> str:
@@ -58,48 +79,51 @@ def _importable_file(build: Callable[..., object]) -> str | None:
     return f"{module.__file__}:{name}" if getattr(module, name, None) is build else None
 
 
-def _pickled(build: Callable[..., object]) -> bytes:
-    """`build` by value, unless it carries more than LARGEST_PICKLE_BYTES (one line: load the
-    data inside it instead)."""
-    pickled: bytes = cloudpickle.dumps(build)
+def _pickled(function: Callable[..., object], role: FunctionRole) -> bytes:
+    """`function` by value, unless it carries more than LARGEST_PICKLE_BYTES (one line: load
+    the data inside it instead)."""
+    pickled: bytes = cloudpickle.dumps(function)
     if len(pickled) > LARGEST_PICKLE_BYTES:
         raise TowerbenchError(
-            f"model=: {getattr(build, '__name__', build)!r} carries {len(pickled) / 2**20:.0f} MB "
-            f"by value (what it closes over or reads from its module: arrays, a dataset, a "
-            f"model), over {LARGEST_PICKLE_BYTES // 2**20} MB: load that inside {SIGNATURE} "
-            "instead, or put the function in a .py file and pass path/to/file.py:build"
+            f"{role.keyword}=: {getattr(function, '__name__', function)!r} carries "
+            f"{len(pickled) / 2**20:.0f} MB by value (what it closes over or reads from its "
+            f"module: arrays, a dataset, a model), over {LARGEST_PICKLE_BYTES // 2**20} MB: load "
+            f"that inside {role.signature} instead, or put the function in a .py file and pass "
+            f"path/to/file.py:{role.name}"
         )
     return pickled
 
 
-def _module_text(build: Callable[..., object]) -> str:
-    source = _source(build).rstrip("\n")
-    where = getattr(build, "__module__", "?")
-    pickled = base64.b64encode(_pickled(build)).decode()
+def _module_text(function: Callable[..., object], role: FunctionRole) -> str:
+    source = _source(function).rstrip("\n")
+    where = getattr(function, "__module__", "?")
+    pickled = base64.b64encode(_pickled(function, role)).decode()
     quoted = "\n".join(f"#     {line}" for line in source.splitlines())
     return (
-        f'"""{SIGNATURE} given to towerbench from Python ({where}); written by towerbench."""\n'
+        f'"""{role.signature} given to towerbench from Python ({where}); written by '
+        'towerbench."""\n'
         "# Its source when it was given:\n"
         f"{quoted}\n"
         "import base64\n\nimport cloudpickle\n\n"
-        f'build = cloudpickle.loads(base64.b64decode("{pickled}"))\n'
+        f'{role.name} = cloudpickle.loads(base64.b64decode("{pickled}"))\n'
     )
 
 
-def model_file(build: Callable[..., object], data_dir: Path) -> str:
-    """The model reference that trains `build`: its own file when it has an importable one,
-    else DATA_DIR/models/build-<digest>.py written once (atomically)."""
-    _check_signature(build)
-    if (reference := _importable_file(build)) is not None:
+def function_file(function: Callable[..., object], data_dir: Path, role: FunctionRole) -> str:
+    """The reference that imports `function` (a network builder or a loss, as `role` says): its
+    own file when it has an importable one, else DATA_DIR/models/<name>-<digest>.py written
+    once (atomically)."""
+    _check_signature(function, role)
+    if (reference := _importable_file(function)) is not None:
         return reference
-    text = _module_text(build)
+    text = _module_text(function, role)
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     folder = Path(data_dir).resolve() / MODELS
-    path = folder / f"build-{digest}.py"
+    path = folder / f"{role.name}-{digest}.py"
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=folder, suffix=".tmp")
         with os.fdopen(handle, "w") as file:
             file.write(text)
         os.replace(temporary, path)
-    return f"{path}:build"
+    return f"{path}:{role.name}"

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from towerbench.config.losses import absolute_loss
 from towerbench.config.model_ref import absolute_model, parse_model
 from towerbench.config.optimizers import (
     ALL_HYPERPARAMETERS,
@@ -61,6 +62,7 @@ TRACKING_URI: Key = ("tracking", "tracking_uri")
 ARTIFACT_ROOT: Key = ("tracking", "artifact_root")
 PRESET: Key = ("sweep", "preset")
 TRAIN_MODEL: Key = ("train", "model")
+TRAIN_LOSS: Key = ("train", "loss")
 WEIGHT_DECAY: Key = ("train", "weight_decay")
 OPTIMIZER: Key = ("train", "optimizer")
 BASE_LR: Key = ("train", "base_lr")
@@ -269,16 +271,23 @@ def _location_namer(params_path: Path | None, options: dict[Key, str]):
 def _absolute_models(
     params: Params, base: Callable[[Key], Path], where: Callable[[Key], str]
 ) -> tuple[TrainConfig, SweepGrid]:
-    """`train:` and `sweep:` with model files made absolute against `base(key)`; one line naming
-    the key (or option) when a file is missing."""
+    """`train:` and `sweep:` with model and loss files made absolute against `base(key)`; one
+    line naming the key (or option) when a file is missing."""
 
     def absolute(model: str, key: Key) -> str:
         try:
+            if key == TRAIN_LOSS:
+                return absolute_loss(model, base(key))
             return absolute_model(model, base(key))
         except ValueError as error:
             raise TowerbenchError(f"{where(key)}: {error}") from None
 
-    train = params.train.model_copy(update={"model": absolute(params.train.model, TRAIN_MODEL)})
+    train = params.train.model_copy(
+        update={
+            "model": absolute(params.train.model, TRAIN_MODEL),
+            "loss": absolute(params.train.loss, TRAIN_LOSS),
+        }
+    )
     sweep = params.sweep
     # TrainGrid's fields are made at run time (create_model): the type checker cannot see them.
     grid_models: list[str] | None = sweep.grid.model  # type: ignore[attr-defined]
@@ -312,7 +321,9 @@ def _absolute_locations(
         params,
         lambda key: absolute(key, Path()),
         lambda key: (
-            "--model" if key in given or params_path is None else f"{params_path}: {dotted(key)}"
+            f"--{key[-1]}"
+            if key in given or params_path is None
+            else f"{params_path}: {dotted(key)}"
         ),
     )
     if resolve_tracking:

@@ -4,7 +4,9 @@ nothing (its chance level).
 Every loss is a mean over examples of a per-example loss (Keras' signature: `fn(y_true,
 y_pred) -> (batch,)`, the mean over a label row's columns where it has several), so k towers
 averaged are exactly the big batch's gradient. The cross-entropies take logits: the network's
-last layer has no activation.
+last layer has no activation. `train.loss` is one of LOSSES or the user's own per-example loss,
+`path/to/file.py:function` (relative to the params file's folder) or `package.module:function`,
+which takes the labels the dataset holds.
 
 Plain Python: the config, the checks and the report read it without TensorFlow.
 """
@@ -12,8 +14,16 @@ Plain Python: the config, the checks and the report read it without TensorFlow.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Literal
 
+from towerbench.config.model_ref import (
+    ModelReference,
+    absolute_function,
+    function_provenance,
+    parse_model,
+    provenance,
+)
 from towerbench.core.tfrecord_format import LabelKind
 
 LossName = Literal[
@@ -52,3 +62,50 @@ def chance_loss(loss: str, width: int) -> float | None:
     if loss == "binary_crossentropy":
         return math.log(2)
     return None
+
+
+def parse_loss(text: str) -> ModelReference | None:
+    """None for a built-in loss, the reference to the user's own; ValueError in one line when
+    `text` is neither."""
+    if text in LOSS_LABELS:
+        return None
+    try:
+        reference = parse_model(text)
+    except ValueError:
+        reference = None
+    if reference is None or reference.builtin:
+        raise ValueError(
+            f"{text!r} is not a built-in loss ({', '.join(LOSSES)}) nor path/to/file.py:function "
+            "nor package.module:function"
+        )
+    return reference
+
+
+def absolute_loss(text: str, base: Path) -> str:
+    """`text` with a relative loss file made absolute against `base`; ValueError naming the
+    file when it does not exist."""
+    reference = parse_loss(text)
+    return text if reference is None else absolute_function(reference, base, "loss")
+
+
+def labels_taken(loss: str, held: LabelKind) -> LabelKind:
+    """The labels `loss` takes: a built-in's own, the dataset's (`held`) for the user's."""
+    return LOSS_LABELS.get(loss, held)
+
+
+def judged_by_accuracy(loss: str, held: LabelKind) -> bool:
+    """Whether a run of `loss` on labels of kind `held` names one class per example, what
+    accuracy and the confusion matrix judge: the cross-entropies over classes, and the user's
+    own loss on class ids."""
+    return loss in SINGLE_CLASS or (loss not in LOSS_LABELS and held == "class_ids")
+
+
+def user_code(model: str, loss: str) -> dict[str, str]:
+    """What names the user's own code a run imports, in MLflow and in a sweep's identity: the
+    network's and the loss's function and file sha256 (`model_digest`, `loss_digest`)."""
+    return provenance(model) | function_provenance(parse_loss(loss), "loss")
+
+
+def code_digests(model: str, loss: str) -> list[str]:
+    """The sha256 of each user file a run imports (none for built-ins)."""
+    return [value for key, value in user_code(model, loss).items() if key.endswith("_digest")]

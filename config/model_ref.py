@@ -66,10 +66,18 @@ class ModelReference:
 def provenance(text: str) -> dict[str, str]:
     """What names a user's network in MLflow: its function and its file's sha256 (empty for a
     built-in network, whose code is towerbench's version)."""
-    reference = parse_model(text)
-    if reference.function is None:  # a built-in network
+    return function_provenance(parse_model(text), "model")
+
+
+def function_provenance(reference: ModelReference | None, kind: str) -> dict[str, str]:
+    """`{kind}_function` and `{kind}_digest` (its file's sha256) of a user's function; empty
+    for a built-in (None, or a built-in network)."""
+    if reference is None or reference.function is None:
         return {}
-    return {"model_function": reference.function, "model_digest": reference.digest() or "missing"}
+    return {
+        f"{kind}_function": reference.function,
+        f"{kind}_digest": reference.digest() or "missing",
+    }
 
 
 def model_label(text: str) -> str:
@@ -101,12 +109,17 @@ def parse_model(text: str) -> ModelReference:
 def absolute_model(text: str, base: Path) -> str:
     """`text` with a relative model file made absolute against `base`; ValueError naming the
     file when it does not exist. Built-in names and module references come back unchanged."""
-    reference = parse_model(text)
+    return absolute_function(parse_model(text), base, "model")
+
+
+def absolute_function(reference: ModelReference, base: Path, what: str) -> str:
+    """`reference` with a relative file made absolute against `base`; ValueError naming the
+    `what` file when it does not exist. Built-in names and modules come back unchanged."""
     if reference.path is None:
-        return text
+        return reference.text
     path = reference.path if reference.path.is_absolute() else base / reference.path
     if not path.is_file():
-        raise ValueError(f"{reference.path}: no such model file (looked for {path})")
+        raise ValueError(f"{reference.path}: no such {what} file (looked for {path})")
     return f"{path}:{reference.function}"
 
 

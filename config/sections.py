@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from towerbench.config.losses import LossName
+from towerbench.config.losses import parse_loss
 from towerbench.config.model_ref import parse_model
 from towerbench.config.names import DatasetName, name_from
 from towerbench.config.optimizers import (
@@ -182,12 +182,15 @@ class TrainConfig(StrictModel):
         description="Combine tower gradients by their mean (Horovod, the tutorial) or sum "
         "(tf.distribute without global-batch loss scaling).",
     )
-    loss: LossName = Field(
+    loss: str = Field(
         "sparse_categorical_crossentropy",
         description="Per-example loss, averaged over the batch: sparse_categorical_crossentropy "
         "(class ids), categorical_crossentropy (one-hot or soft label rows), binary_crossentropy "
         "(0/1 label rows: binary or multi-label), all three from logits; mse, mae, huber "
-        "(regression targets).",
+        "(regression targets); or your own, path/to/file.py:function (relative to the params "
+        "file's folder) or package.module:function, called as function(y_true, y_pred) on the "
+        "labels the dataset holds and returning one loss per example (batch,), as Keras' "
+        "losses do.",
     )
     global_batch: int = Field(128, ge=1, description="Examples per step over all towers.")
     epochs: float = Field(10, gt=0, description="Passes over the training set.")
@@ -299,6 +302,12 @@ class TrainConfig(StrictModel):
     def _model_reference(cls, model: str) -> str:
         parse_model(model)
         return model
+
+    @field_validator("loss")
+    @classmethod
+    def _loss_reference(cls, loss: str) -> str:
+        parse_loss(loss)
+        return loss
 
     @field_validator("global_batch")
     @classmethod

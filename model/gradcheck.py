@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from towerbench.config.losses import LOSS_LABELS, LossName
+from towerbench.config.losses import labels_taken
 from towerbench.config.model_ref import BUILTIN_MODELS
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.tfrecord_format import LabelKind
 from towerbench.model.cluster import Cluster, join
 from towerbench.model.devices import TowerDevices, configure_tower_devices, split_tower_devices
 from towerbench.model.precision import Precision
@@ -113,7 +114,7 @@ class GradcheckResult(BaseModel):
     devices: list[str]
     learning_rate: float
     weight_decay: float
-    loss: LossName = "sparse_categorical_crossentropy"
+    loss: str = "sparse_categorical_crossentropy"
     # What in the network makes towers differ: BatchNorm, and the dropout layers switched off.
     batchnorm: bool
     dropout_disabled: list[str]
@@ -303,7 +304,8 @@ def _weights_after_updates(problem: _Problem, devices: TowerDevices, optimizer: 
     for step in range(UPDATE_STEPS):
         seed = [problem.seed, 10 + step]
         images = tf.random.stateless_normal(batch, seed=seed)
-        trainer.step(images, _labels(problem.loss, batch[0], problem.num_classes, seed))
+        labels = _labels(problem.loss, _held(problem.labels), batch[0], problem.num_classes, seed)
+        trainer.step(images, labels)
     return [v.numpy() for v in network.model.trainable_variables]
 
 
@@ -501,57 +503,60 @@ def _tower_devices(towers: int, global_batch: int, cluster: Cluster) -> TowerDev
     return configure_tower_devices(towers, workers=cluster.workers)
 
 
+@dataclass(frozen=True)
+class _Feed:
+    """What the fixed batch holds: inputs of `shape` (token ids 0 and 1 when `integer_inputs`,
+    which every vocabulary holds), and labels of `width` classes or columns as `loss` takes
+    them (a user's loss: `held`, the kind its dataset holds)."""
+
+    shape: tuple[int, ...]
+    width: int
+    integer_inputs: bool
+    loss: str
+    held: LabelKind
+
+
 def _problem(
-    model: str,
-    global_batch: int,
-    seed: int,
-    precision: Precision,
-    shape: tuple[int, ...],
-    num_classes: int,
-    devices: TowerDevices,
-    integer_inputs: bool = False,
-    loss: str = "sparse_categorical_crossentropy",
+    model: str, global_batch: int, seed: int, precision: Precision, feed: _Feed, devices
 ) -> tuple[_Problem, Any]:
     """The fixed batch and initial weights every way starts from, and the reference network
-    (keras.Model) they were taken from. Integer inputs (token ids) are ids 0 and 1, which every
-    vocabulary holds."""
+    (keras.Model) they were taken from."""
     import keras
     import tensorflow as tf
 
     from towerbench.model.networks import build_network
 
     weight_decay = TrainConfig(model=model, dataset="gradcheck").weight_decay
-    if integer_inputs:
-        images = tf.random.stateless_uniform((global_batch, *shape), [seed, 1], 0, 2, tf.int32)
+    shape = (global_batch, *feed.shape)
+    if feed.integer_inputs:
+        images = tf.random.stateless_uniform(shape, [seed, 1], 0, 2, tf.int32)
     else:
-        images = tf.random.stateless_normal((global_batch, *shape), seed=[seed, 1])
-    labels = _labels(loss, global_batch, num_classes, [seed, 2])
+        images = tf.random.stateless_normal(shape, seed=[seed, 1])
+    labels = _labels(feed.loss, feed.held, global_batch, feed.width, [seed, 2])
     keras.utils.set_random_seed(seed)
     with tf.device(devices.parameter_device):
-        reference = build_network(model, shape, num_classes, seed).model
+        reference = build_network(model, feed.shape, feed.width, seed).model
+    initial = reference.get_weights()
     problem = _Problem(
-        model,
-        loss,
-        num_classes,
-        reference.get_weights(),
-        weight_decay,
-        seed,
-        images,
-        labels,
-        precision,
+        model, feed.loss, feed.width, initial, weight_decay, seed, images, labels, precision
     )
     return problem, reference
 
 
-def _labels(loss: str, batch: int, width: int, seed: list[int]):
-    """Random labels of the kind `loss` takes: class ids; soft class rows (a softmax), for
-    categorical_crossentropy; 0/1 rows (multi-hot) for binary_crossentropy; normal targets."""
+def _held(labels) -> LabelKind:
+    return "class_ids" if labels.shape.rank == 1 else "rows"
+
+
+def _labels(loss: str, held: LabelKind, batch: int, width: int, seed: list[int]):
+    """Random labels of the kind `loss` takes (a user's loss: `held`, the dataset's): class
+    ids; soft class rows (a softmax), for categorical_crossentropy and a user's loss; 0/1 rows
+    (multi-hot) for binary_crossentropy; normal targets."""
     import tensorflow as tf
 
-    if LOSS_LABELS[loss] == "class_ids":
+    if labels_taken(loss, held) == "class_ids":
         return tf.random.stateless_uniform((batch,), seed, 0, width, tf.int32)
     values = tf.random.stateless_normal((batch, width), seed)
-    if loss == "categorical_crossentropy":
+    if loss not in ("binary_crossentropy", "mse", "mae", "huber"):
         return tf.nn.softmax(2.0 * values)
     if loss == "binary_crossentropy":
         return tf.cast(values > 0, tf.float32)
@@ -601,20 +606,20 @@ def run_gradcheck(
     optimizers: tuple[str, ...] = (),
     integer_inputs: bool = False,
     loss: str = "sparse_categorical_crossentropy",
+    labels: LabelKind = "class_ids",
 ) -> GradcheckResult | None:
     """Compare one device, k towers (mean, sum) and MirroredStrategy on one fixed batch of
     `input_shape` inputs (default: the built-in network's images, else USER_INPUT_SHAPE; token
-    ids when `integer_inputs`) and labels `loss` takes, in a cluster the workers' towers, and
-    each of `optimizers`' updates; workers other than the chief return None."""
+    ids when `integer_inputs`) and labels `loss` takes (a user's loss: `labels`, the kind its
+    dataset holds), in a cluster the workers' towers, and each of `optimizers`' updates;
+    workers other than the chief return None."""
     from towerbench.model.user_model import disable_dropout
 
     cluster = cluster or Cluster()
     devices = _tower_devices(towers, global_batch, cluster)
     default_shape = INPUT_SHAPES[model] if model in BUILTIN_MODELS else USER_INPUT_SHAPE
-    shape = tuple(input_shape or default_shape)
-    problem, reference = _problem(
-        model, global_batch, seed, precision, shape, num_classes, devices, integer_inputs, loss
-    )
+    feed = _Feed(tuple(input_shape or default_shape), num_classes, integer_inputs, loss, labels)
+    problem, reference = _problem(model, global_batch, seed, precision, feed, devices)
     across = _workers_run(problem, devices, cluster) if cluster.workers > 1 else None
     if not cluster.is_chief:
         return None

@@ -1,8 +1,9 @@
 """The per-example losses of config/losses.py in TensorFlow: `loss(labels, outputs) -> (batch,)`.
 
 Labels are int32 class ids (batch,) for sparse_categorical_crossentropy and float32 rows
-(batch, columns) for the others; outputs are the network's (batch, columns), logits for the
-cross-entropies. A row's loss is the mean over its columns, as Keras' losses take it.
+(batch, columns) for the others (a user's loss gets what the dataset holds); outputs are the
+network's (batch, columns), logits for the cross-entropies. A row's loss is the mean over its
+columns, as Keras' losses take it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from towerbench.config.losses import HUBER_DELTA
+from towerbench.config.losses import HUBER_DELTA, parse_loss
+from towerbench.config.model_ref import ModelReference
+from towerbench.core.errors import TowerbenchError
+from towerbench.model.user_model import load_builder, raised
 
 PerExampleLoss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -53,13 +57,37 @@ BUILT_IN: dict[str, PerExampleLoss] = {
 
 
 def per_example_loss(name: str) -> PerExampleLoss:
-    """The loss `name` as `fn(labels, outputs) -> (batch,)` in float32."""
-    loss = BUILT_IN[name]
+    """The loss `name` (built in, or the user's `file.py:function`) as `fn(labels, outputs) ->
+    (batch,)` in float32."""
+    reference = parse_loss(name)
+    loss = BUILT_IN[name] if reference is None else _users_loss(reference)
 
     def as_float32(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
         return loss(labels, tf.cast(outputs, tf.float32))
 
     return as_float32
+
+
+def _users_loss(reference: ModelReference) -> PerExampleLoss:
+    """The user's function, refused in one line when it raises or returns other than one
+    float per example."""
+    function = load_builder(reference, reference.function or "")
+    call = f"{reference.function}(y_true, y_pred)"
+
+    def checked(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+        try:
+            losses = tf.convert_to_tensor(function(labels, outputs))
+        except Exception as error:  # the user's code: any exception is a one-line refusal
+            raise TowerbenchError(f"{reference.text}: " + raised(call, error)) from None
+        if losses.shape.rank != 1 or losses.shape[0] != outputs.shape[0]:
+            raise TowerbenchError(
+                f"{reference.text}: {call} returned shape {tuple(losses.shape)} for a batch of "
+                f"{outputs.shape[0]}: a per-example loss returns one value per example "
+                "(batch,), not their mean (Keras' losses, e.g. keras.losses.mse, do)"
+            )
+        return tf.cast(losses, tf.float32)
+
+    return checked
 
 
 def true_classes(labels: tf.Tensor) -> tf.Tensor:

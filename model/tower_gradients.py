@@ -26,7 +26,8 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from towerbench.config.losses import SINGLE_CLASS
+from towerbench.config.losses import judged_by_accuracy
+from towerbench.core.tfrecord_format import LabelKind
 from towerbench.model.cluster import STEP_INSTANCE_KEY, Cluster, sum_over_workers
 from towerbench.model.devices import TowerDevices
 from towerbench.model.losses import PerExampleLoss, per_example_loss, true_classes
@@ -92,7 +93,7 @@ class TowerGradientFunction:
         self.loss_scale = loss_scale
         self.cluster = cluster
         self.loss: PerExampleLoss = per_example_loss(loss)
-        self.classifies = loss in SINGLE_CLASS
+        self.loss_name = loss
         self.trainable = list(model.trainable_variables)
         self.non_trainable = list(model.non_trainable_variables)
         # Floating-point state (BatchNorm's moving statistics) is averaged over the towers; the
@@ -147,7 +148,8 @@ class TowerGradientFunction:
 
     def _correct(self, labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
         """Examples whose largest logit is their class (0 for a loss without one class each)."""
-        if not self.classifies:
+        held: LabelKind = "class_ids" if labels.shape.rank == 1 else "rows"
+        if not judged_by_accuracy(self.loss_name, held):
             return tf.constant(0, tf.int64)
         hits = tf.equal(tf.argmax(logits, -1, tf.int32), true_classes(labels))
         return tf.reduce_sum(tf.cast(hits, tf.int64))

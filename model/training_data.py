@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from towerbench.config.losses import LOSS_LABELS, SINGLE_CLASS
+from towerbench.config.losses import judged_by_accuracy, labels_taken
 from towerbench.config.model_ref import parse_model
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
@@ -53,7 +53,7 @@ _LABELS_NAMED = {"class_ids": "class ids", "rows": "label rows"}
 def _check_loss_takes(config: TrainConfig, manifest: Manifest) -> None:
     """The loss takes the dataset's labels (class ids or rows), and a run can judge it: by
     accuracy, so one class per example."""
-    takes = LOSS_LABELS[config.loss]
+    takes = labels_taken(config.loss, manifest.labels)
     if takes != manifest.labels:
         holds = (
             f"label rows of {len(manifest.classes)} columns"
@@ -70,12 +70,12 @@ def _check_loss_takes(config: TrainConfig, manifest: Manifest) -> None:
             f"--loss {config.loss} takes {_LABELS_NAMED[takes]}, {config.dataset!r} holds "
             f"{holds}: use {fits}"
         )
-    if config.loss not in SINGLE_CLASS:
+    if not judged_by_accuracy(config.loss, manifest.labels):
         raise TowerbenchError(
             f"--loss {config.loss}: a run is judged by test accuracy, which needs one class per "
-            "example (sparse_categorical_crossentropy or categorical_crossentropy); a metric for "
-            f"{config.loss} is not built yet (`towerbench gradcheck --loss {config.loss}` checks "
-            "its gradient)"
+            "example (class ids, or sparse_categorical_crossentropy or categorical_crossentropy "
+            f"on rows); a metric for {config.loss} on {config.dataset!r}'s label rows is not "
+            f"built yet (`towerbench gradcheck --loss {config.loss}` checks its gradient)"
         )
 
 

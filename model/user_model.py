@@ -52,7 +52,8 @@ def _where_raised(error: BaseException) -> str:
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
 
-def _raised(what: str, error: BaseException) -> str:
+def raised(what: str, error: BaseException) -> str:
+    """`what raised ValueError: its first line (file.py, line 3)`."""
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return f"{what} raised {type(error).__name__}: {message} ({_where_raised(error)})"
 
@@ -64,7 +65,7 @@ def _import(reference: ModelReference) -> ModuleType:
             return importlib.import_module(reference.module)
         except Exception as error:  # the user's code: any exception is a one-line refusal
             raise TowerbenchError(
-                f"{reference.text}: " + _raised(f"importing {reference.module}", error)
+                f"{reference.text}: " + raised(f"importing {reference.module}", error)
             ) from None
     path = reference.path
     if path is None or not path.is_file():
@@ -79,7 +80,7 @@ def _import(reference: ModelReference) -> ModuleType:
     try:
         spec.loader.exec_module(module)
     except Exception as error:
-        raise TowerbenchError(f"{reference.text}: " + _raised(f"importing {path}", error)) from None
+        raise TowerbenchError(f"{reference.text}: " + raised(f"importing {path}", error)) from None
     sys.modules[name] = module
     return module
 
@@ -185,7 +186,7 @@ def check_model(
         outputs = model(probe_batch, training=False)
     except Exception as error:
         raise TowerbenchError(
-            f"{text}: " + _raised(f"calling the model on a batch of shape {(2, *shape)}", error)
+            f"{text}: " + raised(f"calling the model on a batch of shape {(2, *shape)}", error)
         ) from None
     if isinstance(outputs, (list, tuple, dict)):
         raise TowerbenchError(
@@ -264,7 +265,7 @@ def build_user_model(
             with _said_if_still_running(f"{still} (Ctrl-C stops it)", BUILD_NOTICE_SECONDS):
                 model = builder(shape, num_classes)
         except Exception as error:
-            raise TowerbenchError(f"{text}: " + _raised(call, error)) from None
+            raise TowerbenchError(f"{text}: " + raised(call, error)) from None
         model = check_model(model, text, function, shape, num_classes)
     _check_precision(model, text, precision)
     return model

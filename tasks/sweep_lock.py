@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from towerbench.config.losses import code_digests, user_code
 from towerbench.config.model_ref import provenance
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
@@ -40,8 +41,10 @@ def config_key(config: TrainConfig) -> str:
 
 def sweep_parts(configs: list[TrainConfig], versions: dict[str, str]) -> dict[str, Any]:
     """What makes a sweep the same sweep, part by part (which part changed can then be named):
-    its configurations, each dataset's data version and each user model file's digest."""
+    its configurations, each dataset's data version and each user model file's digest (and
+    each user loss file's)."""
     models = {c.model: provenance(c.model).get("model_digest", "") for c in configs}
+    models |= {c.loss: user_code(c.model, c.loss).get("loss_digest", "") for c in configs}
     return {
         "configs": hashlib.sha256(
             json.dumps([config_key(c) for c in configs]).encode()
@@ -53,8 +56,8 @@ def sweep_parts(configs: list[TrainConfig], versions: dict[str, str]) -> dict[st
 
 def sweep_key(configs: list[TrainConfig], data_versions: list[str], flow: str) -> str:
     """The same configurations on the same data from the same flow, and the same content of
-    every model file: the same sweep (editing a model file starts a new one)."""
-    digests = sorted({provenance(c.model).get("model_digest", "") for c in configs} - {""})
+    every model and loss file: the same sweep (editing one starts a new one)."""
+    digests = sorted({d for c in configs for d in code_digests(c.model, c.loss)})
     identity = [flow, sorted(data_versions), [config_key(c) for c in configs]]
     payload = json.dumps(identity + [digests] if digests else identity)
     return hashlib.sha256(payload.encode()).hexdigest()

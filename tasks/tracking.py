@@ -26,7 +26,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_RUN_NAME
 
-from towerbench.config.model_ref import model_label, provenance
+from towerbench.config.losses import user_code
+from towerbench.config.model_ref import model_label
 from towerbench.config.optimizers import adascale_power
 from towerbench.config.params import SWEEP_AXES, TrackingConfig
 from towerbench.config.sections import TrainConfig
@@ -409,7 +410,7 @@ def create_config_run(
     params = flat_params(config.model_dump(mode="json"))
     params.update(flat_params({"effective": effective_optimizer(config)}))
     params["data_version"] = data_version
-    params.update(provenance(config.model))
+    params.update(user_code(config.model, config.loss))
     params.update(extra or {})
     log_params(client, run.info.run_id, params)
     return run.info.run_id

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import towerbench
-from towerbench.api.notebook_model import model_file
+from towerbench.api.notebook_model import MODEL, function_file
 from towerbench.config.model_ref import provenance
 
 BUILD = """
@@ -34,9 +34,9 @@ def define_build(hidden: int):
 
 
 def test_a_function_is_a_model_file_named_by_its_content(tmp_path):
-    first = model_file(define_build(16), tmp_path)
-    assert first == model_file(define_build(16), tmp_path)  # the same cell: the same file
-    edited = model_file(define_build(32), tmp_path)
+    first = function_file(define_build(16), tmp_path, MODEL)
+    assert first == function_file(define_build(16), tmp_path, MODEL)  # the same cell: the same file
+    edited = function_file(define_build(32), tmp_path, MODEL)
     assert edited != first
     assert provenance(edited)["model_digest"] != provenance(first)["model_digest"]
     path, _, function = first.rpartition(":")
@@ -68,7 +68,7 @@ def test_a_function_carrying_megabytes_of_data_is_refused_with_a_hint(tmp_path):
         return weights.shape, input_shape, num_classes
 
     with pytest.raises(towerbench.TowerbenchError) as refused:
-        model_file(build, tmp_path)
+        function_file(build, tmp_path, MODEL)
     message = str(refused.value)
     assert message.startswith("model=: 'build' carries 12 MB by value") and "\n" not in message
     assert "load that inside build(input_shape, num_classes) instead" in message

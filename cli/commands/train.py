@@ -224,7 +224,7 @@ def gradcheck_images(config: TrainConfig, data_dir: Path) -> tuple[dict, str]:
     shape = network_input_shape(manifest.features, config.crop_size)
     classes = len(manifest.classes)
     why = f"{'x'.join(map(str, shape))}, {classes} classes: the shape {config.dataset!r} feeds"
-    given = {"input_shape": shape, "num_classes": classes}
+    given = {"input_shape": shape, "num_classes": classes, "labels": manifest.labels}
     return {**given, "integer_inputs": manifest.features.integer}, why
 
 

@@ -20,6 +20,7 @@ from mlflow.exceptions import MlflowException
 from prefect import get_run_logger
 
 from towerbench.config.advise import AdviseConfig, reference_config
+from towerbench.config.losses import user_code
 from towerbench.config.model_ref import provenance
 from towerbench.config.params import Params, TrackingConfig
 from towerbench.model.probe import ProbeResult
@@ -55,6 +56,7 @@ def advise_key(params: Params, advice: AdviseConfig, data_version: str) -> str:
         advice.model_dump(mode="json"),
         data_version,
         provenance(reference.model).get("model_digest", ""),
+        *user_code(reference.model, reference.loss).get("loss_digest", "").split(),
     ]
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
