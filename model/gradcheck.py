@@ -185,7 +185,9 @@ class _Problem:
         from towerbench.model.user_model import disable_dropout
 
         shape = self.images.shape[1:]
-        network = build_network(self.model, shape, self.num_classes, self.seed, self.precision)
+        network = build_network(
+            self.model, shape, self.num_classes, self.seed, self.precision, self.loss
+        )
         network.model.set_weights(self.initial)
         disable_dropout(network.model)
         return network
@@ -535,7 +537,7 @@ def _problem(
     labels = _labels(feed.loss, feed.held, global_batch, feed.width, [seed, 2])
     keras.utils.set_random_seed(seed)
     with tf.device(devices.parameter_device):
-        reference = build_network(model, feed.shape, feed.width, seed).model
+        reference = build_network(model, feed.shape, feed.width, seed, loss=feed.loss).model
     initial = reference.get_weights()
     problem = _Problem(
         model, feed.loss, feed.width, initial, weight_decay, seed, images, labels, precision

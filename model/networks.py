@@ -223,12 +223,13 @@ def build_network(
     num_classes: int,
     seed: int,
     precision: Precision = "float32",
+    loss: str = "sparse_categorical_crossentropy",
 ) -> Network:
-    """Build network `name` for images of `input_shape` (H, W, C) and `num_classes` classes,
-    its layers computing in `precision` (model.precision); logits are float32 either way.
-    `name` is a built-in network or a reference to the user's function (config.model_ref):
-    that one is called under the same dtype policy, checked (model.user_model), and its own
-    regularizers are its weight decay."""
+    """Build network `name` for images of `input_shape` (H, W, C) and `num_classes` classes
+    (the output width `loss` needs), its layers computing in `precision` (model.precision);
+    outputs are float32 either way. `name` is a built-in network or a reference to the user's
+    function (config.model_ref): that one is called under the same dtype policy, checked
+    against `loss` (model.user_model), and its own regularizers are its weight decay."""
     builders = {
         "tutorial": tutorial_network,
         "tutorial_bn": tutorial_bn_network,
@@ -238,7 +239,8 @@ def build_network(
         if name in builders:
             network = builders[name](input_shape, num_classes, seed)
         else:
-            network = Network(build_user_model(name, input_shape, num_classes, precision), [])
+            model = build_user_model(name, input_shape, num_classes, precision, loss)
+            network = Network(model, [])
     # The cross-entropy is taken in float32: 16-bit logits (mixed precision, or a user's last
     # layer given a 16-bit dtype) are cast by one more layer.
     if precision == "float32" and network.model.outputs[0].dtype == "float32":

@@ -158,7 +158,12 @@ def seeded_network(config: TrainConfig, manifest: Manifest, parameter_device: st
     input_shape = network_input_shape(manifest.features, config.crop_size)
     with tf.device(parameter_device):
         network = build_network(
-            config.model, input_shape, len(manifest.classes), config.seed, config.precision
+            config.model,
+            input_shape,
+            len(manifest.classes),
+            config.seed,
+            config.precision,
+            config.loss,
         )
     check_weight_decay_once(network.model, config)
     if config.ema_scale != 1.0:

@@ -23,6 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from towerbench.config.losses import FROM_LOGITS
 from towerbench.config.model_ref import ModelReference, parse_model
 from towerbench.core.errors import TowerbenchError
 from towerbench.model.precision import Precision, layers_in
@@ -119,18 +120,57 @@ def _owners(model: keras.Model) -> dict[int, keras.layers.Layer]:
     return owners
 
 
-def _final_softmax(model: keras.Model, probe: np.ndarray) -> str | None:
-    """Why the output looks like probabilities rather than logits, or None."""
+def _final_activation(model: keras.Model, probe: np.ndarray) -> str | None:
+    """Why the output looks like probabilities (a softmax or a sigmoid) rather than logits, or
+    None."""
     last = model.layers[-1] if model.layers else None
-    if last is not None and (
-        isinstance(last, keras.layers.Softmax)
-        or getattr(last, "activation", None) is keras.activations.softmax
-    ):
-        return f"its last layer {last.name!r} applies softmax"
+    activation = getattr(last, "activation", None)
+    if isinstance(last, keras.layers.Softmax) or activation is keras.activations.softmax:
+        return f"its last layer {last.name!r} applies softmax"  # type: ignore[union-attr]
+    if activation is keras.activations.sigmoid:
+        return f"its last layer {last.name!r} applies sigmoid"  # type: ignore[union-attr]
     rows = probe.sum(axis=-1)
     if probe.shape[-1] > 1 and np.all(probe >= 0) and np.allclose(rows, 1.0, atol=1e-5):
         return "its outputs are non-negative and sum to 1 (a softmax)"
     return None
+
+
+# Keras' names of the built-in losses (a compiled model's `loss`), by train.loss's.
+_KERAS_NAMES = {
+    "sparse_categorical_crossentropy": {"sparse_categorical_crossentropy"},
+    "categorical_crossentropy": {"categorical_crossentropy"},
+    "binary_crossentropy": {"binary_crossentropy"},
+    "mse": {"mse", "mean_squared_error"},
+    "mae": {"mae", "mean_absolute_error"},
+    "huber": {"huber", "huber_loss"},
+}
+
+
+def _compiled_loss(model: keras.Model) -> str | None:
+    """The name of the loss `model` was compiled with (a string, a function or a Loss), or
+    None when it was not compiled with one."""
+    loss = getattr(model, "loss", None) if getattr(model, "compiled", False) else None
+    if loss is None or isinstance(loss, str):
+        return loss
+    return str(getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__))
+
+
+def _check_against_loss(model: keras.Model, outputs: np.ndarray, text: str, loss: str) -> None:
+    """A from-logits loss needs logits, and a model compiled with another loss would have it
+    silently ignored: refuse both, naming what differs."""
+    compiled = _compiled_loss(model)
+    if compiled is not None and loss in _KERAS_NAMES and compiled not in _KERAS_NAMES[loss]:
+        raise TowerbenchError(
+            f"{text}: the model is compiled with loss {compiled!r}, train.loss is {loss}: "
+            "towerbench trains train.loss and ignores the compiled one; set --loss to yours "
+            "(a built-in name or file.py:function) or compile with the same"
+        )
+    activated = _final_activation(model, outputs) if loss in FROM_LOGITS else None
+    if activated is not None:
+        raise TowerbenchError(
+            f"{text}: {activated}; return logits (Dense(num_classes) with no activation): "
+            f"{loss} applies it from logits"
+        )
 
 
 def _refuse_tower_unsafe(model: keras.Model, probe_batch: tf.Tensor, text: str) -> None:
@@ -161,9 +201,15 @@ def _refuse_tower_unsafe(model: keras.Model, probe_batch: tf.Tensor, text: str) 
 
 
 def check_model(
-    model: object, text: str, function: str, input_shape: Sequence[int], num_classes: int
+    model: object,
+    text: str,
+    function: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    loss: str = "sparse_categorical_crossentropy",
 ) -> keras.Model:
-    """`model` if it is a Keras model of logits the towers can train; else TowerbenchError."""
+    """`model` if it is a Keras model the towers can train with `loss` (logits for a
+    cross-entropy); else TowerbenchError."""
     if not isinstance(model, keras.Model):
         raise TowerbenchError(
             f"{text}: {function} returned {type(model).__name__}, not a tf.keras.Model"
@@ -198,12 +244,7 @@ def check_model(
             f"{text}: the output's shape is (batch, {', '.join(map(str, outputs.shape[1:]))}), "
             f"not (batch, {num_classes}): end with keras.layers.Dense(num_classes)"
         )
-    softmax = _final_softmax(model, np.asarray(outputs, dtype=np.float64))
-    if softmax is not None:
-        raise TowerbenchError(
-            f"{text}: {softmax}; return logits (Dense(num_classes) with no activation): the "
-            "towers apply softmax in the cross-entropy"
-        )
+    _check_against_loss(model, np.asarray(outputs, dtype=np.float64), text, loss)
     if not model.trainable_variables:
         raise TowerbenchError(f"{text}: the model has no trainable weights")
     _refuse_tower_unsafe(model, probe_batch, text)
@@ -246,7 +287,11 @@ def _check_precision(model: keras.Model, text: str, precision: Precision) -> Non
 
 
 def build_user_model(
-    text: str, input_shape: Sequence[int], num_classes: int, precision: Precision = "float32"
+    text: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    precision: Precision = "float32",
+    loss: str = "sparse_categorical_crossentropy",
 ) -> keras.Model:
     """The user's network for `text` (`file.py:function` or `package.module:function`), built
     for images of `input_shape` (H, W, C) under `precision`'s dtype policy, and checked. The
@@ -266,7 +311,7 @@ def build_user_model(
                 model = builder(shape, num_classes)
         except Exception as error:
             raise TowerbenchError(f"{text}: " + raised(call, error)) from None
-        model = check_model(model, text, function, shape, num_classes)
+        model = check_model(model, text, function, shape, num_classes, loss)
     _check_precision(model, text, precision)
     return model
 
