@@ -18,7 +18,10 @@ class TrainResult(BaseModel):
     run_id: str
     status: Status
     error: str | None = None
-    test_accuracy: float | None = None
+    metric: str | None = None  # train.metric as the run resolved it (`accuracy`, `mae`, ...)
+    test_metric: float | None = None  # its value on the test split (raw weights)
+    ema_test_metric: float | None = None
+    test_accuracy: float | None = None  # runs judged by accuracy: test_metric
     ema_test_accuracy: float | None = None  # the moving average of the weights
     # With BatchNorm: with its moving statistics, and with statistics re-estimated at the
     # weights (model.batch_norm_statistics); the EMA weights with their own.
@@ -38,12 +41,16 @@ class TrainResult(BaseModel):
 def train_result(sweep: SweepResult, client: MlflowClient) -> TrainResult:
     """The one configuration of `sweep` with its run's final metrics."""
     (config,) = sweep.configs
-    metrics = client.get_run(config.run_id).data.metrics
+    run = client.get_run(config.run_id)
+    metrics = run.data.metrics
     steps = metrics.get("steps")
     return TrainResult(
         run_id=config.run_id,
         status=config.status,
         error=config.error,
+        metric=run.data.params.get("effective.metric"),
+        test_metric=metrics.get("test_metric"),
+        ema_test_metric=metrics.get("ema_test_metric"),
         test_accuracy=config.test_accuracy,
         ema_test_accuracy=metrics.get("ema_test_accuracy"),
         test_accuracy_moving_bn=metrics.get("test_accuracy_moving_bn"),

@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from towerbench.config.losses import parse_loss
+from towerbench.config.metrics import MetricName
 from towerbench.config.model_ref import parse_model
 from towerbench.config.names import DatasetName, name_from
 from towerbench.config.optimizers import (
@@ -191,6 +192,13 @@ class TrainConfig(StrictModel):
         "file's folder) or package.module:function, called as function(y_true, y_pred) on the "
         "labels the dataset holds and returning one loss per example (batch,), as Keras' "
         "losses do.",
+    )
+    metric: MetricName = Field(
+        "auto",
+        description="What judges a run (test split), its verdicts, advise and the report: "
+        "accuracy, binary_accuracy, auc (higher is better), mae, rmse (lower is better); auto: "
+        "the loss's own (accuracy for the categorical cross-entropies, binary_accuracy for "
+        "binary_crossentropy, mae for mse, mae, huber).",
     )
     global_batch: int = Field(128, ge=1, description="Examples per step over all towers.")
     epochs: float = Field(10, gt=0, description="Passes over the training set.")

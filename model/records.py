@@ -58,8 +58,10 @@ class EpochRecord:
     images_per_sec: float
     step_time: float
     wall_time: float
-    test_cross_entropy: float = math.nan
-    test_accuracy: float = math.nan  # raw weights
+    test_cross_entropy: float = math.nan  # the loss (train.loss) on the test split
+    test_metric: float = math.nan  # train.metric's value: raw weights
+    ema_test_metric: float = math.nan  # moving average of the weights
+    test_accuracy: float = math.nan  # raw weights (runs judged by accuracy: test_metric)
     ema_test_accuracy: float = math.nan  # moving average of the weights
     # With BatchNorm: the raw weights with its moving statistics (test_accuracy under eval_bn
     # moving) and with statistics re-estimated at them; the EMA weights with their own.
@@ -94,8 +96,9 @@ class EpochRecord:
 class FinalMetrics:
     """A run's result: final evaluation, speed, where it ran, its last losses."""
 
-    test_accuracy: float = field(metadata=_METRIC)  # raw weights, whole test split
-    ema_test_accuracy: float = field(metadata=_METRIC)
+    # Runs judged by accuracy: test_metric and ema_test_metric (None for other metrics).
+    test_accuracy: float | None = field(metadata=_METRIC)  # raw weights, whole test split
+    ema_test_accuracy: float | None = field(metadata=_METRIC)
     test_examples: int = field(metadata=_METRIC)
     images_per_sec: float = field(metadata=_METRIC)  # steady state: steps that traced are left out
     step_time: float = field(metadata=_METRIC)
@@ -111,6 +114,11 @@ class FinalMetrics:
     # The config's `parameter_device` param is the choice; this is the device it resolved to.
     parameter_device: str = field(metadata=_param("parameter_device_name"))
     replicas: int = field(metadata=_param())  # towers over all workers
+    metric: str = field(
+        metadata=_param("effective.metric")
+    )  # train.metric as resolved (`auto`: the loss's own)
+    test_metric: float = field(metadata=_METRIC)  # its value: raw weights, whole test split
+    ema_test_metric: float = field(metadata=_METRIC)
     # The workers' host:port, chief first; empty for a run in one process.
     cluster: list[str] = field(default_factory=list, metadata=_param())
     noise_scale: float | None = field(default=None, metadata=_METRIC)  # k >= 2 towers only
@@ -182,6 +190,6 @@ class TrainResult:
     history: list[EpochRecord]
     final: FinalMetrics
     status: Status  # completed or diverged
-    confusion_matrix: np.ndarray  # [classes, classes], rows = true class, raw weights
+    confusion_matrix: np.ndarray | None  # [classes, classes], rows = true class; accuracy only
     classes: list[str]
     model: Any = field(repr=False)  # keras.Model with the final raw weights

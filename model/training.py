@@ -25,8 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
-
+from towerbench.config.metrics import resolved_metric
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Status
@@ -42,7 +41,7 @@ if TYPE_CHECKING:  # set-up imports these: Keras and the graph builders load whe
     from towerbench.model.adascale import AdaScale, AdaScaleSchedule, ScaleInvariantBudget
     from towerbench.model.batch_norm_statistics import BatchNormStatistics
     from towerbench.model.checkpoints import Checkpoints
-    from towerbench.model.evaluation import Evaluator
+    from towerbench.model.evaluation import Evaluation, Evaluator
     from towerbench.model.input_pipeline import Distortions, EpochPlan
     from towerbench.model.networks import Network
     from towerbench.model.schedules import EpochSchedule, StepSchedule
@@ -106,7 +105,7 @@ class _Run:
     clock: Clock = field(default_factory=Clock)
     last_report: float = field(default_factory=time.perf_counter)
     last_eval_epoch: float = 0.0
-    confusion: np.ndarray | None = None  # of the last evaluation in this process
+    evaluation: Evaluation | None = None  # the last one in this process
     # With BatchNorm: its statistics re-estimated at the evaluated weights, on fixed batches.
     batch_norm: BatchNormStatistics | None = None
     batch_norm_batches: list | None = None  # read at the first evaluation
@@ -151,6 +150,7 @@ def _set_up(
         config.crop_size,
         len(manifest.classes),
         config.loss,
+        resolved_metric(config.metric, config.loss, manifest.labels),
     )
     checkpoints, history, step = _restore(config, trainer, checkpoint_dir)
     return _Run(
@@ -348,16 +348,21 @@ def _train_one_epoch(run: _Run, on_progress: ProgressCallback | None) -> EpochRe
 def _diverged(run: _Run) -> bool:
     """Whether the last step diverged (reading its losses waits for the step)."""
     cross_entropy, total_loss = run.trainer.metrics.last_step()
-    return diverged(cross_entropy, total_loss, run.classes, run.config.divergence_factor)
+    config = run.config
+    return diverged(cross_entropy, total_loss, run.classes, config.divergence_factor, config.loss)
 
 
 def _progress(run: _Run) -> dict[str, Any]:
     """Where training is and its running metrics (the LR: the mean of the steps so far): the
-    live progress and the epoch record's start."""
+    live progress and the epoch record's start. A run not judged by accuracy has no training
+    accuracy (NaN)."""
+    trained = run.trainer.metrics.read()
+    if run.evaluator.metric != "accuracy":
+        trained["train_accuracy"] = math.nan
     return {
         "epoch": run.epoch,
         "step": run.step,
-        **run.trainer.metrics.read(),
+        **trained,
         "images_per_sec": run.clock.epoch_rate(),
         **_adascale_metrics(run),
     }
@@ -390,27 +395,29 @@ def _evaluation_due(run: _Run) -> bool:
 
 
 def _test_metrics(run: _Run) -> dict[str, Any]:
-    """Test accuracy and cross-entropy of the raw weights, test accuracy of their average, with
-    the BatchNorm statistics `eval_bn` names; with BatchNorm, the accuracies with both."""
-    from towerbench.model.evaluation import accuracy
-
+    """Test loss and metric of the raw weights, the metric of their average, with the
+    BatchNorm statistics `eval_bn` names (by accuracy: as test_accuracy too, and with
+    BatchNorm the accuracies with both statistics)."""
     run.last_eval_epoch = run.epoch
     raw = _evaluations(run, run.trainer.trainable)
     ema = _evaluations(run, run.trainer.ema_weights)
     used = _statistics_used(run)
-    run.confusion, test_cross_entropy = raw[used]
+    run.evaluation = raw[used]
     metrics = {
-        "test_cross_entropy": test_cross_entropy,
-        "test_accuracy": accuracy(run.confusion),
-        "ema_test_accuracy": accuracy(ema[used][0]),
+        "test_cross_entropy": raw[used].loss,
+        "test_metric": raw[used].metric,
+        "ema_test_metric": ema[used].metric,
     }
+    if run.evaluator.metric != "accuracy":
+        return metrics
+    metrics |= {"test_accuracy": raw[used].metric, "ema_test_accuracy": ema[used].metric}
     if run.batch_norm is None:
         return metrics
     return {
         **metrics,
-        "test_accuracy_moving_bn": accuracy(raw["moving"][0]),
-        "test_accuracy_recomputed_bn": accuracy(raw["recomputed"][0]),
-        "ema_test_accuracy_recomputed_bn": accuracy(ema["recomputed"][0]),
+        "test_accuracy_moving_bn": raw["moving"].metric,
+        "test_accuracy_recomputed_bn": raw["recomputed"].metric,
+        "ema_test_accuracy_recomputed_bn": ema["recomputed"].metric,
     }
 
 
@@ -419,9 +426,9 @@ def _statistics_used(run: _Run) -> str:
     return run.config.eval_bn if run.batch_norm is not None else "moving"
 
 
-def _evaluations(run: _Run, weights) -> dict[str, tuple[np.ndarray, float]]:
-    """(confusion, test cross-entropy) of `weights` with BatchNorm's moving statistics and,
-    with BatchNorm, with statistics re-estimated at them (model.batch_norm_statistics)."""
+def _evaluations(run: _Run, weights) -> dict[str, Evaluation]:
+    """`weights` on the test split with BatchNorm's moving statistics and, with BatchNorm, with
+    statistics re-estimated at them (model.batch_norm_statistics)."""
     from towerbench.model.batch_norm_statistics import RECOMPUTE_BATCHES
 
     done = {"moving": run.evaluator.evaluate(weights)}
@@ -439,16 +446,16 @@ def _finish(run: _Run) -> TrainResult:
     """The last checkpoint, the final evaluation (unless the last epoch's stands), the result."""
     if run.checkpoints is not None:
         run.checkpoints.save(run.step, run.history)
-    if run.confusion is None:  # resumed after the last step: nothing was evaluated in this process
-        run.confusion, _ = _evaluations(run, run.trainer.trainable)[_statistics_used(run)]
+    if run.evaluation is None:  # resumed after the last step: nothing evaluated in this process
+        run.evaluation = _evaluations(run, run.trainer.trainable)[_statistics_used(run)]
     if _statistics_used(run) == "recomputed":
         _adopt_recomputed_statistics(run)
     return TrainResult(
         config=run.config,
         history=run.history,
-        final=_final_metrics(run, run.confusion),
+        final=_final_metrics(run, run.evaluation),
         status=run.status,
-        confusion_matrix=run.confusion,
+        confusion_matrix=run.evaluation.confusion,
         classes=list(run.manifest.classes),
         model=run.network.model,
     )
@@ -489,21 +496,21 @@ def _last_batch_norm_metrics(history: list[EpochRecord]) -> dict[str, float | No
     }
 
 
-def _final_metrics(run: _Run, confusion: np.ndarray) -> FinalMetrics:
-    """Final accuracies, steady-state speed, where the run ran, its last losses and stability."""
-    from towerbench.model.evaluation import accuracy
-
-    ema_accuracies = [record.ema_test_accuracy for record in run.history]
-    ema_accuracy = next((a for a in reversed(ema_accuracies) if not math.isnan(a)), None)
-    if ema_accuracy is None:  # no epoch evaluated the EMA weights in this process
-        ema = _evaluations(run, run.trainer.ema_weights)[_statistics_used(run)]
-        ema_accuracy = accuracy(ema[0])
-    test_accuracy = accuracy(confusion)
+def _final_metrics(run: _Run, evaluation: Evaluation) -> FinalMetrics:
+    """Final metrics, steady-state speed, where the run ran, its last losses and stability."""
+    ema_values = [record.ema_test_metric for record in run.history]
+    ema_value = next((value for value in reversed(ema_values) if not math.isnan(value)), None)
+    if ema_value is None:  # no epoch evaluated the EMA weights in this process
+        ema_value = _evaluations(run, run.trainer.ema_weights)[_statistics_used(run)].metric
+    by_accuracy = run.evaluator.metric == "accuracy"
     config, devices, rate = run.config, run.devices, run.clock.steady_rate()
     return FinalMetrics(
-        test_accuracy=test_accuracy,
-        ema_test_accuracy=ema_accuracy,
-        test_examples=int(confusion.sum()),
+        metric=run.evaluator.metric,
+        test_metric=evaluation.metric,
+        ema_test_metric=ema_value,
+        test_accuracy=evaluation.metric if by_accuracy else None,
+        ema_test_accuracy=ema_value if by_accuracy else None,
+        test_examples=evaluation.examples,
         images_per_sec=rate,
         step_time=config.global_batch / rate if rate else math.nan,
         wall_time=run.clock.wall_time(),
@@ -520,5 +527,10 @@ def _final_metrics(run: _Run, confusion: np.ndarray) -> FinalMetrics:
         noise_scale=run.trainer.noise_scale(),
         **_last_batch_norm_metrics(run.history),
         **last_losses(run.history),
-        unstable=instability(run.history, run.classes, test_accuracy),
+        unstable=instability(
+            run.history,
+            run.classes,
+            evaluation.metric if by_accuracy else math.nan,
+            config.loss,
+        ),
     )

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from towerbench.config.losses import judged_by_accuracy, labels_taken
+from towerbench.config.losses import labels_taken
+from towerbench.config.metrics import resolved_metric
 from towerbench.config.model_ref import parse_model
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
@@ -51,8 +52,7 @@ _LABELS_NAMED = {"class_ids": "class ids", "rows": "label rows"}
 
 
 def _check_loss_takes(config: TrainConfig, manifest: Manifest) -> None:
-    """The loss takes the dataset's labels (class ids or rows), and a run can judge it: by
-    accuracy, so one class per example."""
+    """The loss takes the dataset's labels (class ids or rows), and the metric fits the loss."""
     takes = labels_taken(config.loss, manifest.labels)
     if takes != manifest.labels:
         holds = (
@@ -70,12 +70,20 @@ def _check_loss_takes(config: TrainConfig, manifest: Manifest) -> None:
             f"--loss {config.loss} takes {_LABELS_NAMED[takes]}, {config.dataset!r} holds "
             f"{holds}: use {fits}"
         )
-    if not judged_by_accuracy(config.loss, manifest.labels):
+    try:
+        resolved_metric(config.metric, config.loss, manifest.labels)
+    except ValueError as error:
+        raise TowerbenchError(str(error)) from None
+
+
+def refuse_unreported_metric(config: TrainConfig, manifest: Manifest) -> None:
+    """Sweeps, advise and the report judge runs by accuracy so far: another metric is refused
+    for them (a single `train` reports it)."""
+    metric = resolved_metric(config.metric, config.loss, manifest.labels)
+    if metric != "accuracy":
         raise TowerbenchError(
-            f"--loss {config.loss}: a run is judged by test accuracy, which needs one class per "
-            "example (class ids, or sparse_categorical_crossentropy or categorical_crossentropy "
-            f"on rows); a metric for {config.loss} on {config.dataset!r}'s label rows is not "
-            f"built yet (`towerbench gradcheck --loss {config.loss}` checks its gradient)"
+            f"--metric {metric} (of --loss {config.loss}): sweeps, advise and the report judge "
+            "runs by accuracy so far; `towerbench train` trains and reports it"
         )
 
 
@@ -121,13 +129,17 @@ def load_training_data(
     return manifest, split_files(folder, manifest, "train"), split_files(folder, manifest, "test")
 
 
-def check_training_data(configs: Iterable[TrainConfig], data_dir: Path) -> None:
+def check_training_data(
+    configs: Iterable[TrainConfig], data_dir: Path, reported: bool = True
+) -> None:
     """What a run checks before it starts (before TensorFlow loads): each configuration's
-    dataset is there and suits it, and every shard has its manifest's sha256 (each dataset is
-    hashed once)."""
+    dataset is there and suits it (`reported`, for a sweep's report: by accuracy), and every
+    shard has its manifest's sha256 (each dataset is hashed once)."""
     verified: set[str] = set()
     for config in configs:
         manifest, _, _ = load_training_data(config, data_dir)
+        if reported:
+            refuse_unreported_metric(config, manifest)
         if config.dataset not in verified:
             verify_shards(dataset_dir(data_dir, config.dataset), manifest)
             verified.add(config.dataset)

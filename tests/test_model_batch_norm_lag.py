@@ -101,8 +101,8 @@ def test_eval_bn_and_the_ema_rule_change_what_the_run_uses(tmp_path):
     # The trained model (what MLflow logs) holds the statistics its accuracy was measured with.
     manifest, _, test_files = load_training_data(config, data_dir)
     evaluator = Evaluator(result.model, "/cpu:0", test_files, manifest.features, None, 10)
-    confusion, _ = evaluator.evaluate([v.value for v in result.model.trainable_variables])
-    assert accuracy(confusion) == result.final.test_accuracy
+    evaluation = evaluator.evaluate([v.value for v in result.model.trainable_variables])
+    assert accuracy(evaluation.confusion) == result.final.test_accuracy
 
 
 @pytest.mark.slow

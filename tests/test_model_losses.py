@@ -18,7 +18,7 @@ from towerbench.ingest.write_records import write_dataset
 from towerbench.model import training
 from towerbench.model.gradcheck import run_gradcheck
 from towerbench.model.losses import per_example_loss
-from towerbench.model.training_data import check_config_against_data
+from towerbench.model.training_data import check_config_against_data, refuse_unreported_metric
 
 OUTPUTS = np.array([[2.0, -1.0, 0.5], [0.0, 0.0, 3.0]], np.float32)
 ROWS = np.array([[1.0, 0.0, 1.0], [0.2, 0.3, 0.5]], np.float32)
@@ -157,16 +157,29 @@ def test_a_loss_that_does_not_fit_the_labels_is_refused_in_one_line(tmp_path):
     ids = {"train": (x, np.arange(20) % 2), "test": (x[:4], np.arange(4) % 2)}
     write_dataset(tmp_path / "ids", "ids", ["a", "b"], ids, 1, {})
     expected = {
-        ("rows", "sparse_categorical_crossentropy"): "--loss sparse_categorical_crossentropy "
-        "takes class ids, 'rows' holds label rows of 2 columns: use categorical_crossentropy "
-        "(one-hot or soft rows), binary_crossentropy (0/1 rows) or mse, mae, huber (targets)",
-        ("ids", "categorical_crossentropy"): "--loss categorical_crossentropy takes label rows, "
-        "'ids' holds class ids: use sparse_categorical_crossentropy",
-        ("rows", "mse"): "--loss mse: a run is judged by test accuracy, which needs one class "
-        "per example",
+        ("rows", "sparse_categorical_crossentropy", "auto"): "--loss "
+        "sparse_categorical_crossentropy takes class ids, 'rows' holds label rows of 2 columns: "
+        "use categorical_crossentropy (one-hot or soft rows), binary_crossentropy (0/1 rows) or "
+        "mse, mae, huber (targets)",
+        ("ids", "categorical_crossentropy", "auto"): "--loss categorical_crossentropy takes "
+        "label rows, 'ids' holds class ids: use sparse_categorical_crossentropy",
+        ("rows", "mse", "accuracy"): "--metric accuracy does not fit --loss mse: it is judged "
+        "by mae or rmse",
+        ("rows", "binary_crossentropy", "rmse"): "--metric rmse does not fit --loss "
+        "binary_crossentropy: it is judged by binary_accuracy or auc",
+        ("ids", "m.py:my_loss", "mae"): "--metric mae does not fit --loss m.py:my_loss: it is "
+        "judged by accuracy",
+        ("rows", "m.py:my_loss", "auto"): "--metric: your loss m.py:my_loss on label rows has "
+        "no metric of its own: pass --metric binary_accuracy or auc or mae or rmse",
     }
-    for (dataset, loss), message in expected.items():
-        config = TrainConfig(dataset=dataset, loss=loss, model="m.py:build", global_batch=4)
+    for (dataset, loss, metric), message in expected.items():
+        config = TrainConfig(
+            dataset=dataset, loss=loss, metric=metric, model="m.py:build", global_batch=4
+        )
         with pytest.raises(TowerbenchError) as raised:
             check_config_against_data(config, load_manifest(tmp_path / dataset))
         assert str(raised.value).startswith(message) and "\n" not in str(raised.value)
+    mse = TrainConfig(dataset="rows", loss="mse", model="m.py:build", global_batch=4)
+    check_config_against_data(mse, load_manifest(tmp_path / "rows"))  # train takes it
+    with pytest.raises(TowerbenchError, match=r"^--metric mae \(of --loss mse\): sweeps"):
+        refuse_unreported_metric(mse, load_manifest(tmp_path / "rows"))

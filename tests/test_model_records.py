@@ -23,6 +23,9 @@ def _final(**optional) -> FinalMetrics:
         device_names=["/device:CPU:1", "/device:CPU:2"],
         parameter_device="/device:CPU:0",
         replicas=2,
+        metric="accuracy",
+        test_metric=0.9,
+        ema_test_metric=0.8,
         **optional,
     )
 
@@ -33,6 +36,8 @@ def test_final_metrics_are_split_into_the_mlflow_metrics_and_params_runs_always_
         [
             "test_accuracy",
             "ema_test_accuracy",
+            "test_metric",
+            "ema_test_metric",
             "test_examples",
             "images_per_sec",
             "wall_time",  # step_time is NaN: not logged
@@ -49,6 +54,7 @@ def test_final_metrics_are_split_into_the_mlflow_metrics_and_params_runs_always_
         "device_names": "/device:CPU:1,/device:CPU:2",
         "parameter_device_name": "/device:CPU:0",
         "replicas": 2,
+        "effective.metric": "accuracy",
     }
     assert LOSS_METRICS == (
         "train_cross_entropy",

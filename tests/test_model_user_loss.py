@@ -170,6 +170,7 @@ def test_a_loss_function_from_python_trains_as_the_built_in_one(tmp_path):
     assert "REFUSED loss=: '<lambda>' takes (y), not loss(y_true, y_pred)" in lines
     mine, built_in = json.loads(lines[-1])
     assert mine["test_accuracy"] == built_in["test_accuracy"]
+    assert (mine["metric"], mine["test_metric"]) == ("accuracy", mine["test_accuracy"])
     assert mine["train_cross_entropy"] == pytest.approx(built_in["train_cross_entropy"], rel=1e-5)
     (written,) = (tmp_path / "data" / "models").glob("loss-*.py")
     import mlflow

@@ -18,6 +18,7 @@ from towerbench.cli.options import (
     overrides_from_args,
 )
 from towerbench.config.load import Override, load
+from towerbench.config.metrics import METRICS
 from towerbench.config.model_ref import parse_model
 from towerbench.config.optimizers import OPTIMIZERS
 from towerbench.config.sections import DataConfig, TrainConfig
@@ -105,7 +106,7 @@ class _Progress:
         if self.live:
             self.stream.write(
                 f"\r  epoch {metrics['epoch']:6.2f}  step {int(metrics['step']):6d}  "
-                f"loss {metrics['total_loss']:.4f}  train acc {metrics['train_accuracy']:.3f}  "
+                f"loss {metrics['total_loss']:.4f}{_train_accuracy(metrics['train_accuracy'])}  "
                 f"{metrics['images_per_sec']:8.0f} img/s  lr {metrics['lr']:.4g}"
                 f"{_adascale_text(metrics.get('adascale_gain'), metrics.get('adascale_tau'))}   "
             )
@@ -114,11 +115,11 @@ class _Progress:
     def on_epoch(self, record: EpochRecord) -> None:
         if self.live:
             self.stream.write("\r" + " " * 100 + "\r")
-        test = record.test_accuracy
+        test = record.test_metric
         tested = (
             ""
             if math.isnan(test)
-            else (f"  test {test:.4f}  ema test {record.ema_test_accuracy:.4f}")
+            else (f"  test {test:.4f}  ema test {record.ema_test_metric:.4f}")
         )
         noise = record.noise_scale
         noise_text = "" if noise is None or math.isnan(noise) else f"  B_noise {noise:.0f}"
@@ -126,7 +127,7 @@ class _Progress:
             f"epoch {record.epoch:6.2f}  step {record.step:6d}  "
             f"cross-entropy {record.cross_entropy:.4f}  weight decay "
             f"{record.weight_decay_loss:.4f}  total {record.total_loss:.4f}  "
-            f"train acc {record.train_accuracy:.4f}{tested}  "
+            f"{_train_accuracy(record.train_accuracy, 4).lstrip()}{tested}  "
             f"{record.images_per_sec:.0f} img/s  lr {record.lr:.4g}{noise_text}"
             f"{_adascale_text(record.adascale_gain, record.adascale_tau)}",
             file=self.stream,
@@ -172,7 +173,7 @@ def run_train(args: argparse.Namespace) -> CommandResult:
     params = load(args.params, overrides, resolve_tracking=False)
     config = params.train
     # The data's errors, damaged shards too, before TensorFlow loads and N processes start.
-    check_training_data([config], params.data.data_dir)
+    check_training_data([config], params.data.data_dir, reported=False)
     if config.workers > 1 and not os.environ.get(TF_CONFIG):
         return _run_local_cluster(args, config.workers)
     print(_describe_config(config, params.data.data_dir), flush=True)
@@ -191,8 +192,8 @@ def run_train(args: argparse.Namespace) -> CommandResult:
     final = result.final
     across = f" on each of {config.workers} workers" if config.workers > 1 else ""
     print(
-        f"{result.status}: test accuracy {final.test_accuracy:.4f} "
-        f"(EMA {final.ema_test_accuracy:.4f}) on {final.test_examples} test examples; "
+        f"{result.status}: test {METRICS[final.metric].label} {final.test_metric:.4f} "
+        f"(EMA {final.ema_test_metric:.4f}) on {final.test_examples} test examples; "
         f"{final.images_per_sec:.0f} images/s; {config.towers} tower(s){across} on "
         f"{final.device_kind} devices {', '.join(final.device_names)}, variables on "
         f"{final.parameter_device}; global batch {final.global_batch}, "
@@ -207,6 +208,11 @@ def run_train(args: argparse.Namespace) -> CommandResult:
         "classes": result.classes,
     }
     return CommandResult(0 if result.status == Status.COMPLETED else 1, summary)
+
+
+def _train_accuracy(value: float, digits: int = 3) -> str:
+    """`  train acc 0.912`, or nothing for a run not judged by accuracy (NaN)."""
+    return "" if math.isnan(value) else f"  train acc {value:.{digits}f}"
 
 
 def gradcheck_images(config: TrainConfig, data_dir: Path) -> tuple[dict, str]:

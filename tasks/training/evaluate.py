@@ -71,8 +71,8 @@ def log_model(model: Any) -> str:
 
 
 def log_evaluation(result: Any) -> None:
-    """Log curves, and unless the run diverged (no meaningful model), the confusion matrix, the
-    model and the gradcheck."""
+    """Log curves, and unless the run diverged (no meaningful model), the confusion matrix (by
+    accuracy), the model and the gradcheck."""
     from towerbench.model.gradcheck import run_gradcheck
 
     config = result.config
@@ -81,12 +81,14 @@ def log_evaluation(result: Any) -> None:
     if result.status != Status.COMPLETED:
         return
 
-    matrix = np.asarray(result.confusion_matrix)
-    mlflow.log_dict(
-        {"classes": list(result.classes), "matrix": matrix.tolist()}, "confusion_matrix.json"
-    )
-    mlflow.log_figure(confusion_matrix_figure(matrix, list(result.classes)), "confusion_matrix.png")
-    plt.close("all")
+    if result.confusion_matrix is not None:  # judged by accuracy
+        matrix = np.asarray(result.confusion_matrix)
+        mlflow.log_dict(
+            {"classes": list(result.classes), "matrix": matrix.tolist()}, "confusion_matrix.json"
+        )
+        figure = confusion_matrix_figure(matrix, list(result.classes))
+        mlflow.log_figure(figure, "confusion_matrix.png")
+        plt.close("all")
 
     mlflow.set_tag("towerbench.model_uri", log_model(result.model))
 

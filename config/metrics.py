@@ -1,0 +1,73 @@
+"""The metrics a run can be judged by (`train.metric`), their direction and the losses they fit.
+
+`accuracy` (a class per example: the argmax against the class id or the label row's largest
+value), `binary_accuracy` (each column of a 0/1 row, its logit's sign against the label's side
+of 0.5, averaged over columns and examples), `auc` (ROC AUC over every example's every column,
+from the logits), `mae` and `rmse` (over every example's every column): the first three higher
+is better, the last two lower. `auto` takes the loss's own: accuracy for the categorical
+cross-entropies (and a user's loss on class ids), binary_accuracy for binary_crossentropy, mae
+for mse, mae and huber.
+
+Plain Python: the config, the checks and the report read it without TensorFlow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from towerbench.config.losses import LOSS_LABELS, judged_by_accuracy
+from towerbench.core.tfrecord_format import LabelKind
+
+MetricName = Literal["auto", "accuracy", "binary_accuracy", "auc", "mae", "rmse"]
+BINARY_LOSSES = frozenset({"binary_crossentropy"})
+REGRESSION_LOSSES = frozenset({"mse", "mae", "huber"})
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How a metric reads: its name in prose, its direction, and whether it is a share (shown
+    in percent)."""
+
+    name: str
+    label: str  # "accuracy", "MAE"
+    higher_is_better: bool
+    share: bool
+
+
+METRICS: dict[str, Metric] = {
+    "accuracy": Metric("accuracy", "accuracy", True, True),
+    "binary_accuracy": Metric("binary_accuracy", "binary accuracy", True, True),
+    "auc": Metric("auc", "AUC", True, False),
+    "mae": Metric("mae", "MAE", False, False),
+    "rmse": Metric("rmse", "RMSE", False, False),
+}
+
+
+def _fitting(loss: str, held: LabelKind) -> tuple[str, ...]:
+    """The metrics that can judge `loss` on labels of kind `held`, its own first."""
+    if judged_by_accuracy(loss, held):
+        return ("accuracy",)
+    if loss in BINARY_LOSSES:
+        return ("binary_accuracy", "auc")
+    if loss in REGRESSION_LOSSES:
+        return ("mae", "rmse")
+    return ("binary_accuracy", "auc", "mae", "rmse")  # the user's own loss on label rows
+
+
+def resolved_metric(metric: str, loss: str, held: LabelKind) -> str:
+    """`metric`, or for `auto` the loss's own; ValueError in one line when it does not fit
+    `loss` on labels of kind `held` (or `auto` has no own metric: the user's loss on rows)."""
+    fitting = _fitting(loss, held)
+    if metric == "auto":
+        if loss not in LOSS_LABELS and held == "rows":
+            raise ValueError(
+                f"--metric: your loss {loss} on label rows has no metric of its own: pass "
+                f"--metric {' or '.join(fitting)}"
+            )
+        return fitting[0]
+    if metric not in fitting:
+        raise ValueError(
+            f"--metric {metric} does not fit --loss {loss}: it is judged by {' or '.join(fitting)}"
+        )
+    return metric

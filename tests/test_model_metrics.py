@@ -1,0 +1,104 @@
+"""train.metric (issue 61 item 2, first part): each metric against values computed by hand, the
+evaluation of a regression and a multi-label run by their own metric (MAE, binary accuracy) from
+`towerbench train`, and a sweep (whose report judges by accuracy so far) refusing them in one
+line."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+from towerbench.cli.main import main
+from towerbench.ingest.arrays import save_arrays
+from towerbench.model.metric_values import auc, binary_accuracy, mae, rmse
+
+LABELS = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+OUTPUTS = np.array([[0.9, 0.4], [0.1, 0.4]], np.float32)
+
+
+def test_each_metric_matches_its_definition_by_hand():
+    # logit > 0 against label > 0.5: (1, 0)->(T, T): right, wrong; (0, 1)->(T, T): wrong, right
+    assert binary_accuracy(LABELS, OUTPUTS) == pytest.approx(2 / 4)
+    # positives score 0.9, 0.4; negatives 0.4, 0.1: 0.9 beats both, 0.4 beats 0.1, ties 0.4
+    assert auc(LABELS, OUTPUTS) == pytest.approx((2 + 1 + 0.5) / 4)
+    errors = [0.1, 0.4, 0.1, 0.6]
+    assert mae(LABELS, OUTPUTS) == pytest.approx(sum(errors) / 4)
+    assert rmse(LABELS, OUTPUTS) == pytest.approx((sum(e * e for e in errors) / 4) ** 0.5)
+    assert np.isnan(auc(np.ones((2, 1)), OUTPUTS[:, :1]))  # one side only: undefined
+
+
+MODEL = """
+import keras
+
+def build(input_shape, width):
+    inputs = keras.Input(shape=input_shape)
+    x = keras.layers.Dense(16, activation="tanh")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(width)(x))
+"""
+
+
+def _task_arrays(kind: str):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 6)).astype(np.float32)
+    if kind == "regression":  # two targets, linear in the features
+        y = x @ rng.standard_normal((6, 2)).astype(np.float32)
+    else:  # three tags, each on when its feature is positive
+        y = (x[:, :3] > 0).astype(np.int64)
+    return (x[:240], y[:240]), (x[240:], y[240:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "loss", "metric", "label", "judged"),
+    [
+        ("regression", "mse", "auto", "MAE", "mae"),
+        ("regression", "huber", "rmse", "RMSE", "rmse"),
+        ("tags", "binary_crossentropy", "auto", "binary accuracy", "binary_accuracy"),
+    ],
+)
+def test_train_reports_a_task_by_its_own_metric(
+    tmp_path, capfd, monkeypatch, kind, loss, metric, label, judged
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.py").write_text(textwrap.dedent(MODEL))
+    save_arrays(*_task_arrays(kind), tmp_path / "data", "task")
+    assert main(["fetch", "arrays", "--url", "data/arrays/task.npz", "--name", "task"]) == 0
+    assert main(["preprocess", "task"]) == 0
+    capfd.readouterr()
+    command = ["train", "--dataset", "task", "--model", "net.py:build", "--loss", loss]
+    command += ["--metric", metric, "--towers", "2", "--global-batch", "32", "--epochs", "5"]
+    command += ["--base-lr", "0.5", "--json"]
+    status = main(command)
+    captured = capfd.readouterr()
+    assert status == 0, captured.err[-3000:]
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    assert result["metric"] == judged and "test_accuracy" not in result
+    assert np.isfinite(result["test_metric"]) and result["test_examples"] == 60
+    assert f"completed: test {label} {result['test_metric']:.4f}" in captured.out + captured.err
+    if judged in ("mae", "rmse"):  # learnt something: below predicting 0 for every target
+        (_, _), (_, y_test) = _task_arrays(kind)
+        zero = np.mean(np.abs(y_test)) if judged == "mae" else np.sqrt(np.mean(y_test**2))
+        assert result["test_metric"] < zero
+    else:
+        assert result["test_metric"] > 0.5
+
+
+@pytest.mark.slow
+def test_a_sweep_refuses_a_metric_its_report_cannot_judge_yet(tmp_path, capfd, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.py").write_text(textwrap.dedent(MODEL))
+    save_arrays(*_task_arrays("regression"), tmp_path / "data", "task")
+    assert main(["fetch", "arrays", "--url", "data/arrays/task.npz", "--name", "task"]) == 0
+    assert main(["preprocess", "task"]) == 0
+    capfd.readouterr()
+    status = main(
+        ["sweep", "--dataset", "task", "--model", "net.py:build", "--loss", "mse"]
+        + ["--towers", "1,2", "--epochs", "1"]
+    )
+    err = capfd.readouterr().err
+    assert status == 2
+    assert "--metric mae (of --loss mse): sweeps, advise and the report judge runs by" in err
+    assert err.strip().count("\n") == 0, err
