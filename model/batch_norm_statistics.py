@@ -36,6 +36,11 @@ def _updates_in_training(layer: keras.layers.Layer) -> bool:
     )
 
 
+def has_batch_norm(model: keras.Model) -> bool:
+    """Whether `model` holds a BatchNorm layer (nested models' included)."""
+    return any(isinstance(layer, keras.layers.BatchNormalization) for layer in layers_of(model))
+
+
 def trains_batch_norm(model: keras.Model) -> bool:
     """Whether training updates any BatchNorm layer's moving statistics in `model`."""
     return any(_updates_in_training(layer) for layer in layers_of(model))

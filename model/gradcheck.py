@@ -588,14 +588,6 @@ def _sum_vs_mean(summed: Way, mean: Way, towers: int) -> SumVsMean:
     )
 
 
-def _has_batchnorm(network) -> bool:
-    import keras
-
-    from towerbench.model.user_model import layers_of
-
-    return any(isinstance(layer, keras.layers.BatchNormalization) for layer in layers_of(network))
-
-
 def run_gradcheck(
     model: str,
     towers: int,
@@ -611,10 +603,10 @@ def run_gradcheck(
     labels: LabelKind = "class_ids",
 ) -> GradcheckResult | None:
     """Compare one device, k towers (mean, sum) and MirroredStrategy on one fixed batch of
-    `input_shape` inputs (default: the built-in network's images, else USER_INPUT_SHAPE; token
-    ids when `integer_inputs`) and labels `loss` takes (a user's loss: `labels`, the kind its
-    dataset holds), in a cluster the workers' towers, and each of `optimizers`' updates;
-    workers other than the chief return None."""
+    `input_shape` inputs (default: the network's images, else USER_INPUT_SHAPE; token ids when
+    `integer_inputs`) and labels `loss` takes (a user's loss: its dataset's `labels`), in a
+    cluster the workers' towers, and `optimizers`' updates; only the chief returns a result."""
+    from towerbench.model.batch_norm_statistics import has_batch_norm
     from towerbench.model.user_model import disable_dropout
 
     cluster = cluster or Cluster()
@@ -641,7 +633,7 @@ def run_gradcheck(
         learning_rate=GRADCHECK_LR,
         weight_decay=problem.weight_decay,
         loss=loss,
-        batchnorm=_has_batchnorm(reference),
+        batchnorm=has_batch_norm(reference),
         dropout_disabled=disable_dropout(reference),
         precision=precision,
         tolerance=TOLERANCE[precision],

@@ -197,11 +197,9 @@ class _Session:
         device, or all on the first one. The optimizer is the run's, with the hyperparameters
         the rule of its family gives it at that batch (an adaptive optimizer's square-root
         rule)."""
-        import keras
-
+        from towerbench.model.batch_norm_statistics import has_batch_norm
         from towerbench.model.devices import TowerDevices
         from towerbench.model.towers import seeded_network, tower_trainer
-        from towerbench.model.user_model import layers_of
 
         config = self.config
         if not on_first_device:  # the K-tower batch: the family's rule sets the hyperparameters
@@ -209,9 +207,7 @@ class _Session:
             config = config.model_copy(update={"global_batch": batch, "lr_scaling": "sqrt"})
         # At the K-tower batch an EMA rule the params ask for scales BatchNorm's momentum by K.
         network = seeded_network(config, self.manifest, self.device.parameter_device)
-        self.has_batchnorm = any(
-            isinstance(layer, keras.layers.BatchNormalization) for layer in layers_of(network.model)
-        )
+        self.has_batchnorm = has_batch_norm(network.model)
         devices = TowerDevices(
             devices=self.device.devices[:1] * towers if on_first_device else self.device.devices,
             parameter_device=self.device.parameter_device,
