@@ -50,6 +50,12 @@ LOSS = FunctionRole("loss", "loss", ("y_true", "y_pred"))
 
 
 def _check_signature(function: Callable[..., object], role: FunctionRole) -> None:
+    if role is LOSS and hasattr(function, "reduction") and hasattr(function, "get_config"):
+        raise TowerbenchError(
+            f"loss=: {type(function).__name__}() is a Keras Loss object, which returns the "
+            "batch's mean; pass a function returning one loss per example (keras.losses.huber, "
+            "functools.partial(keras.losses.huber, delta=2.0), or your own)"
+        )
     try:
         inspect.signature(function).bind(*role.arguments)
     except TypeError:
@@ -71,11 +77,14 @@ def _source(build: Callable[..., object]) -> str:
 
 
 def _importable_file(build: Callable[..., object]) -> str | None:
-    """`file.py:name` when `build` is a module-level function of an importable module's file."""
-    module = sys.modules.get(build.__module__)
-    if module is None or build.__module__ == "__main__" or not getattr(module, "__file__", None):
+    """`file.py:name` when `build` is a module-level function of an importable module's file
+    (a partial, or another callable without a name, is carried by value)."""
+    module_name, name = getattr(build, "__module__", None), getattr(build, "__name__", None)
+    module = sys.modules.get(module_name or "")
+    if module is None or name is None or module_name == "__main__":
         return None
-    name = build.__name__
+    if not getattr(module, "__file__", None):
+        return None
     return f"{module.__file__}:{name}" if getattr(module, name, None) is build else None
 
 

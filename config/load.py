@@ -67,6 +67,7 @@ WEIGHT_DECAY: Key = ("train", "weight_decay")
 OPTIMIZER: Key = ("train", "optimizer")
 BASE_LR: Key = ("train", "base_lr")
 GRID_MODEL: Key = ("sweep", "grid", "model")
+GRID_LOSS: Key = ("sweep", "grid", "loss")
 
 
 @dataclass(frozen=True)
@@ -276,7 +277,7 @@ def _absolute_models(
 
     def absolute(model: str, key: Key) -> str:
         try:
-            if key == TRAIN_LOSS:
+            if key in (TRAIN_LOSS, GRID_LOSS):
                 return absolute_loss(model, base(key))
             return absolute_model(model, base(key))
         except ValueError as error:
@@ -291,9 +292,14 @@ def _absolute_models(
     sweep = params.sweep
     # TrainGrid's fields are made at run time (create_model): the type checker cannot see them.
     grid_models: list[str] | None = sweep.grid.model  # type: ignore[attr-defined]
+    grid_losses: list[str] | None = sweep.grid.loss  # type: ignore[attr-defined]
+    grid: dict[str, list[str]] = {}
     if grid_models is not None:
-        models = [absolute(model, GRID_MODEL) for model in grid_models]
-        sweep = sweep.model_copy(update={"grid": sweep.grid.model_copy(update={"model": models})})
+        grid["model"] = [absolute(model, GRID_MODEL) for model in grid_models]
+    if grid_losses is not None:
+        grid["loss"] = [absolute(loss, GRID_LOSS) for loss in grid_losses]
+    if grid:
+        sweep = sweep.model_copy(update={"grid": sweep.grid.model_copy(update=grid)})
     return train, sweep
 
 

@@ -126,17 +126,25 @@ def absolute_function(reference: ModelReference, base: Path, what: str) -> str:
 def model_in_checkout(text: str, project: Path, sweep_digest: str | None) -> str:
     """A pool worker's model reference: a relative file taken in its checkout `project`, refused
     in one line when its content is not the file the sweep planned with (`sweep_digest`)."""
-    reference = parse_model(text)
-    if reference.path is None:
-        return text
+    return function_in_checkout(parse_model(text), project, sweep_digest, "model") or text
+
+
+def function_in_checkout(
+    reference: ModelReference | None, project: Path, sweep_digest: str | None, what: str
+) -> str | None:
+    """A pool worker's reference to a user's `what` (model, loss) function: a relative file
+    taken in its checkout `project`, refused in one line when its content is not the file the
+    sweep planned with (`sweep_digest`); None for a built-in (None)."""
+    if reference is None or reference.path is None:
+        return None if reference is None else reference.text
     path = project / reference.path  # an absolute path stays as it is
     local = f"{path}:{reference.function}"
     here = parse_model(local).digest()
     if here is None:
-        raise TowerbenchError(f"model file {path} is missing in this worker's checkout")
+        raise TowerbenchError(f"{what} file {path} is missing in this worker's checkout")
     if sweep_digest is not None and here != sweep_digest:
         raise TowerbenchError(
-            f"model file {path} differs from the sweep's (sha256 {here[:12]} here, "
+            f"{what} file {path} differs from the sweep's (sha256 {here[:12]} here, "
             f"{sweep_digest[:12]} in the sweep): bring this worker's checkout up to date"
         )
     return local

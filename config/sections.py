@@ -142,6 +142,9 @@ def options_read_by(optimizer: str) -> str:
     return ", ".join(_option(name) for name in sorted(HYPERPARAMETERS[optimizer])) or "none of them"
 
 
+DEFAULT_LOSS = "sparse_categorical_crossentropy"
+
+
 class TrainConfig(StrictModel):
     """One training run: model, towers, gradient aggregation, learning-rate policy, data.
 
@@ -184,7 +187,7 @@ class TrainConfig(StrictModel):
         "(tf.distribute without global-batch loss scaling).",
     )
     loss: str = Field(
-        "sparse_categorical_crossentropy",
+        DEFAULT_LOSS,
         description="Per-example loss, averaged over the batch: sparse_categorical_crossentropy "
         "(class ids), categorical_crossentropy (one-hot or soft label rows), binary_crossentropy "
         "(0/1 label rows: binary or multi-label), all three from logits; mse, mae, huber "

@@ -19,7 +19,8 @@ from mlflow.entities import Run
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from towerbench.config.model_ref import model_in_checkout
+from towerbench.config.losses import parse_loss
+from towerbench.config.model_ref import function_in_checkout, model_in_checkout
 from towerbench.config.params import TrackingConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Outcome, Status
@@ -92,6 +93,9 @@ def train_config(request: WorkerRequest, name: str, attempt: int = 1) -> Outcome
     try:
         ensure_data(project, data_dir, request.config.dataset, request.data_version)
         model = model_in_checkout(request.config.model, project, request.model_digest)
+        loss = function_in_checkout(
+            parse_loss(request.config.loss), project, request.loss_digest, "loss"
+        )
     except TowerbenchError as error:
         mark_failed(tracking, request.run_id, str(error))
         raise
@@ -105,7 +109,7 @@ def train_config(request: WorkerRequest, name: str, attempt: int = 1) -> Outcome
     set_tags(tracking, request.run_id, placement)
     logger.info("%s: attempt %d on %s", name, attempt, placement[WORKER_TAG])
     checkpoints = checkpoint_dir(data_dir, request.run_id)
-    config = request.config.model_copy(update={"model": model})
+    config = request.config.model_copy(update={"model": model, "loss": loss or request.config.loss})
     update = {"data_dir": data_dir, "checkpoint_dir": checkpoints, "config": config}
     local = request.model_copy(update=update)
     outcome = train_configuration(local, name, tracking)

@@ -38,6 +38,7 @@ from towerbench.config.grid import (
     swept_fields,
     varied_fields,
 )
+from towerbench.config.losses import parse_loss
 from towerbench.config.model_ref import parse_model
 from towerbench.config.params import Params, ReportConfig, SweepGrid, TrackingConfig
 from towerbench.config.sections import DataConfig, TrainConfig
@@ -276,17 +277,20 @@ def on_workers(path: Path) -> Path:
 
 
 def for_workers(request: WorkerRequest, data_dir: Path) -> WorkerRequest:
-    """The request as a pool's workers take it: the data folder and the model file relative to
-    the project, found in each worker's checkout, with the model file's digest to check."""
+    """The request as a pool's workers take it: the data folder and the model and loss files
+    relative to the project, found in each worker's checkout, with the files' digests to check."""
     config = request.config
-    model = parse_model(config.model)
+    model, loss = parse_model(config.model), parse_loss(config.loss)
     if model.path is not None:
         config = config.model_copy(update={"model": f"{on_workers(model.path)}:{model.function}"})
+    if loss is not None and loss.path is not None:
+        config = config.model_copy(update={"loss": f"{on_workers(loss.path)}:{loss.function}"})
     update = {
         "data_dir": on_workers(data_dir),
         "checkpoint_dir": None,
         "config": config,
         "model_digest": model.digest(),
+        "loss_digest": None if loss is None else loss.digest(),
     }
     return request.model_copy(update=update)
 

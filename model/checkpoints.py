@@ -26,7 +26,7 @@ HISTORY_FILE = "history.json"
 KEPT_CHECKPOINTS = 2
 # Settings a resumed run may change: running longer, checkpointing more or less often, waiting
 # longer for a stuck worker.
-RESUMABLE_CHANGES = {"epochs", "checkpoint_every", "collective_timeout"}
+RESUMABLE_CHANGES = {"epochs", "checkpoint_every", "collective_timeout", "metric"}
 # `training_state`'s parts, by their names in the checkpoint (the last two only where they apply).
 STATE_NAMES = (
     "weights",

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from towerbench.config.losses import chance_loss
 from towerbench.config.sections import TrainConfig
 from towerbench.model.stability import UNSTABLE_LOSS_FACTOR
 from towerbench.model.training_data import load_training_data, refuse_unreported_metric
@@ -125,19 +126,21 @@ class ProbeResult:
         return f"at LR {failed[0].learning_rate:.3g}: {failed[0].diverged}"
 
 
-def divergence(losses: list[float], classes: int) -> str | None:
-    """Why a probe must stop after these per-step training cross-entropies, or None: the last is
-    not finite, or the mean of the last WINDOW rises above chance level ln C (by more than the
-    start's plateau: UNSTABLE_LOSS_FACTOR)."""
+def divergence(
+    losses: list[float], classes: int, loss: str = "sparse_categorical_crossentropy"
+) -> str | None:
+    """Why a probe must stop after these per-step training losses, or None: the last is not
+    finite, or the mean of the last WINDOW rises above chance level ln C (by more than the
+    start's plateau: UNSTABLE_LOSS_FACTOR); a loss without a chance level only the first."""
     if not losses:
         return None
     step = len(losses)
     if not math.isfinite(losses[-1]):
         return f"the training loss was not a number at step {step}"
-    if step < WINDOW:
+    chance = chance_loss(loss, classes)
+    if step < WINDOW or chance is None:
         return None
     mean = sum(losses[-WINDOW:]) / WINDOW
-    chance = math.log(classes)
     if mean > UNSTABLE_LOSS_FACTOR * chance:
         return (
             f"training cross-entropy {mean:.2f} (mean of steps {step - WINDOW + 1}-{step}) rose "
@@ -250,7 +253,7 @@ class _Session:
                 timed_from = time.perf_counter()
             if on_step is not None:
                 on_step(len(losses))
-            reason = divergence(losses, classes)
+            reason = divergence(losses, classes, self.config.loss)
             if reason is not None or len(losses) >= steps:
                 timed = len(losses) - UNTIMED_STEPS
                 seconds = (time.perf_counter() - timed_from) / timed if timed > 0 else None

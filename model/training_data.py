@@ -56,7 +56,7 @@ def _check_loss_takes(config: TrainConfig, manifest: Manifest) -> None:
     takes = labels_taken(config.loss, manifest.labels)
     if takes != manifest.labels:
         holds = (
-            f"label rows of {len(manifest.classes)} columns"
+            f"label rows of {len(manifest.classes)} column{'s' * (len(manifest.classes) != 1)}"
             if manifest.labels == "rows"
             else "class ids"
         )
@@ -66,14 +66,25 @@ def _check_loss_takes(config: TrainConfig, manifest: Manifest) -> None:
             if manifest.labels == "rows"
             else "sparse_categorical_crossentropy"
         )
+        if manifest.labels == "rows" and len(manifest.classes) == 1:
+            fits = (
+                "mse, mae or huber (a target column: class ids given as floats are read so; "
+                "give them as integers, y.astype(int))"
+            )
         raise TowerbenchError(
             f"--loss {config.loss} takes {_LABELS_NAMED[takes]}, {config.dataset!r} holds "
             f"{holds}: use {fits}"
         )
     try:
-        resolved_metric(config.metric, config.loss, manifest.labels)
+        metric = resolved_metric(config.metric, config.loss, manifest.labels)
     except ValueError as error:
         raise TowerbenchError(str(error)) from None
+    if manifest.labels == "rows" and len(manifest.classes) < 2 and metric == "accuracy":
+        raise TowerbenchError(
+            f"--loss {config.loss}: {config.dataset!r} holds label rows of 1 column, and a class "
+            "per example needs 2 columns or more (float labels are read as target columns: "
+            "give class ids as integers, y.astype(int), for sparse_categorical_crossentropy)"
+        )
 
 
 def refuse_unreported_metric(config: TrainConfig, manifest: Manifest) -> None:
@@ -82,8 +93,9 @@ def refuse_unreported_metric(config: TrainConfig, manifest: Manifest) -> None:
     metric = resolved_metric(config.metric, config.loss, manifest.labels)
     if metric != "accuracy":
         raise TowerbenchError(
-            f"--metric {metric} (of --loss {config.loss}): sweeps, advise and the report judge "
-            "runs by accuracy so far; `towerbench train` trains and reports it"
+            f"--metric {metric} (of --loss {config.loss}): sweeps, advise, the report and the "
+            "Python functions (a sweep of one) judge runs by accuracy so far; the `towerbench "
+            "train` command trains and reports it"
         )
 
 

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from towerbench.config.losses import FROM_LOGITS
+from towerbench.config.losses import FROM_LOGITS, parse_loss
 from towerbench.config.model_ref import ModelReference, parse_model
 from towerbench.core.errors import TowerbenchError
 from towerbench.model.precision import Precision, layers_in
@@ -155,11 +155,28 @@ def _compiled_loss(model: keras.Model) -> str | None:
     return str(getattr(loss, "name", None) or getattr(loss, "__name__", type(loss).__name__))
 
 
+def _differs(compiled_loss: object, compiled: str, loss: str) -> bool:
+    """Whether the compiled loss is another than train.loss: by Keras' names for a built-in;
+    for the user's own, unless it is that function (or a copy of it: the same name and code,
+    as a function passed from Python arrives)."""
+    if loss in _KERAS_NAMES:
+        return compiled not in _KERAS_NAMES[loss]
+    reference = parse_loss(loss)
+    if reference is None:
+        return True
+    users = load_builder(reference, reference.function or "")
+    if compiled_loss is users:
+        return False
+    code = getattr(compiled_loss, "__code__", None)
+    same_code = code is not None and code.co_code == getattr(users, "__code__", code).co_code
+    return not (same_code and getattr(compiled_loss, "__name__", None) == users.__name__)
+
+
 def _check_against_loss(model: keras.Model, outputs: np.ndarray, text: str, loss: str) -> None:
     """A from-logits loss needs logits, and a model compiled with another loss would have it
     silently ignored: refuse both, naming what differs."""
     compiled = _compiled_loss(model)
-    if compiled is not None and loss in _KERAS_NAMES and compiled not in _KERAS_NAMES[loss]:
+    if compiled is not None and _differs(getattr(model, "loss", None), compiled, loss):
         raise TowerbenchError(
             f"{text}: the model is compiled with loss {compiled!r}, train.loss is {loss}: "
             "towerbench trains train.loss and ignores the compiled one; set --loss to yours "

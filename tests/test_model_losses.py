@@ -156,6 +156,8 @@ def test_a_loss_that_does_not_fit_the_labels_is_refused_in_one_line(tmp_path):
     write_dataset(tmp_path / "rows", "rows", ["a", "b"], rows, 1, {})
     ids = {"train": (x, np.arange(20) % 2), "test": (x[:4], np.arange(4) % 2)}
     write_dataset(tmp_path / "ids", "ids", ["a", "b"], ids, 1, {})
+    floats = {"train": (x, (np.arange(20) % 2.0)[:, None]), "test": (x[:4], np.zeros((4, 1)))}
+    write_dataset(tmp_path / "floats", "floats", ["0"], floats, 1, {})  # class ids as floats
     expected = {
         ("rows", "sparse_categorical_crossentropy", "auto"): "--loss "
         "sparse_categorical_crossentropy takes class ids, 'rows' holds label rows of 2 columns: "
@@ -171,6 +173,12 @@ def test_a_loss_that_does_not_fit_the_labels_is_refused_in_one_line(tmp_path):
         "judged by accuracy",
         ("rows", "m.py:my_loss", "auto"): "--metric: your loss m.py:my_loss on label rows has "
         "no metric of its own: pass --metric binary_accuracy or auc or mae or rmse",
+        ("floats", "sparse_categorical_crossentropy", "auto"): "--loss "
+        "sparse_categorical_crossentropy takes class ids, 'floats' holds label rows of 1 "
+        "column: use mse, mae or huber (a target column: class ids given as floats are read "
+        "so; give them as integers, y.astype(int))",
+        ("floats", "categorical_crossentropy", "auto"): "--loss categorical_crossentropy: "
+        "'floats' holds label rows of 1 column, and a class per example needs 2 columns or more",
     }
     for (dataset, loss, metric), message in expected.items():
         config = TrainConfig(

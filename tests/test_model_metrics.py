@@ -83,7 +83,7 @@ def test_train_reports_a_task_by_its_own_metric(
         zero = np.mean(np.abs(y_test)) if judged == "mae" else np.sqrt(np.mean(y_test**2))
         assert result["test_metric"] < zero
     else:
-        assert result["test_metric"] > 0.5
+        assert result["test_metric"] > 0.8  # all-zero logits score about 0.5
 
 
 @pytest.mark.slow
@@ -100,5 +100,5 @@ def test_a_sweep_refuses_a_metric_its_report_cannot_judge_yet(tmp_path, capfd, m
     )
     err = capfd.readouterr().err
     assert status == 2
-    assert "--metric mae (of --loss mse): sweeps, advise and the report judge runs by" in err
+    assert "--metric mae (of --loss mse): sweeps, advise, the report and the Python" in err
     assert err.strip().count("\n") == 0, err

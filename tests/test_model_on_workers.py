@@ -42,3 +42,31 @@ def test_a_file_that_differs_from_the_sweeps_is_refused_in_one_line(tmp_path) ->
 def test_a_missing_file_is_refused_in_one_line(tmp_path) -> None:
     with pytest.raises(TowerbenchError, match="nets/tiny.py is missing in this worker's checkout"):
         model_in_checkout("nets/tiny.py:build", tmp_path, "0" * 64)
+
+
+def test_a_loss_file_goes_to_the_workers_relative_with_its_digest_and_is_checked(
+    tmp_path, monkeypatch
+) -> None:
+    from towerbench.config.losses import parse_loss
+    from towerbench.config.model_ref import function_in_checkout
+    from towerbench.config.sections import TrainConfig
+    from towerbench.flows.sweep import for_workers
+    from towerbench.tasks.training.worker import WorkerRequest
+
+    project = _checkout(tmp_path / "project", SOURCE)
+    monkeypatch.chdir(project)
+    config = TrainConfig(loss=f"{project / 'nets' / 'tiny.py'}:build")
+    request = WorkerRequest(
+        config=config, data_dir=project / "data", tracking_uri="x", run_id="r", data_version="v"
+    )
+    sent = for_workers(request, project / "data")
+    assert sent.config.loss == "nets/tiny.py:build"
+    assert sent.loss_digest == hashlib.sha256(SOURCE.encode()).hexdigest()
+
+    worker = _checkout(tmp_path / "worker", SOURCE)
+    taken = function_in_checkout(parse_loss(sent.config.loss), worker, sent.loss_digest, "loss")
+    assert taken == f"{worker / 'nets' / 'tiny.py'}:build"
+    stale = _checkout(tmp_path / "stale", SOURCE + "# older\n")
+    with pytest.raises(TowerbenchError, match=r"^loss file .* differs from the sweep's"):
+        function_in_checkout(parse_loss(sent.config.loss), stale, sent.loss_digest, "loss")
+    assert function_in_checkout(parse_loss("mse"), worker, None, "loss") is None

@@ -97,3 +97,45 @@ def test_train_refuses_a_compiled_loss_with_exit_2_before_training(tmp_path, cap
     line = [text for text in err.splitlines() if "compiled with loss" in text]
     assert len(line) == 1 and "'categorical_crossentropy', train.loss is " in line[0]
     assert "Traceback" not in err
+
+
+COMPILED_WITH_OWN = """
+import keras
+
+def my_loss(y_true, y_pred):
+    return keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+
+def other_loss(y_true, y_pred):
+    return 2.0 * my_loss(y_true, y_pred)
+
+def build(input_shape, width):
+    inputs = keras.Input(shape=input_shape)
+    model = keras.Model(inputs, keras.layers.Dense(width)(keras.layers.Flatten()(inputs)))
+    model.compile(loss=my_loss)
+    return model
+"""
+
+
+def test_a_model_compiled_with_your_loss_is_taken_and_with_another_refused(tmp_path):
+    path = tmp_path / "net.py"
+    path.write_text(textwrap.dedent(COMPILED_WITH_OWN))
+    build_user_model(f"{path}:build", (4, 4, 1), 3, loss=f"{path}:my_loss")
+    with pytest.raises(TowerbenchError) as raised:
+        build_user_model(f"{path}:build", (4, 4, 1), 3, loss=f"{path}:other_loss")
+    assert f"the model is compiled with loss 'my_loss', train.loss is {path}:other_loss" in str(
+        raised.value
+    )
+
+
+def test_keras_loss_objects_are_refused_and_partials_carried_by_value(tmp_path):
+    import functools
+
+    import keras
+
+    from towerbench.api.notebook_model import LOSS, function_file
+
+    with pytest.raises(TowerbenchError, match=r"^loss=: Huber\(\) is a Keras Loss object"):
+        function_file(keras.losses.Huber(), tmp_path, LOSS)
+    written = function_file(functools.partial(keras.losses.huber, delta=2.0), tmp_path, LOSS)
+    assert written.startswith(str(tmp_path.resolve() / "models" / "loss-"))
+    assert written.endswith(".py:loss")

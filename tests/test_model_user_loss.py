@@ -179,3 +179,29 @@ def test_a_loss_function_from_python_trains_as_the_built_in_one(tmp_path):
     assert run.data.params["loss"] == f"{written}:loss"
     assert run.data.params["loss_function"] == "loss"
     assert run.data.params["loss_digest"] == hashlib.sha256(written.read_bytes()).hexdigest()
+
+
+def test_a_swept_list_of_loss_files_is_taken_beside_the_params_file(tmp_path, monkeypatch):
+    from towerbench.config.load import load
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "my_losses.py").write_text(LOSSES)
+    (project / "params.yaml").write_text(
+        "sweep:\n  grid:\n    loss: [my_losses.py:cross_entropy, sparse_categorical_crossentropy]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    params = load(project / "params.yaml", [], resolve_tracking=False)
+    assert params.sweep.grid.loss == [
+        f"{project / 'my_losses.py'}:cross_entropy",
+        "sparse_categorical_crossentropy",
+    ]
+
+
+def test_the_probe_judges_a_regression_loss_by_nan_only():
+    from towerbench.model.probe import divergence
+
+    climbing = [float(step) for step in range(1, 40)]
+    assert divergence(climbing, 1, "mse") is None  # no chance level to rise above
+    assert divergence([*climbing, float("nan")], 1, "mse").startswith("the training loss was not")
+    assert divergence([50.0] * 39, 10) is not None  # far above ln 10

@@ -22,7 +22,7 @@ from towerbench.cli.options import (
 )
 from towerbench.config.load import load
 from towerbench.config.model_ref import parse_model
-from towerbench.config.sections import TrainConfig
+from towerbench.config.sections import DEFAULT_LOSS, TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.native_logs import import_tensorflow
 from towerbench.speed.results import BenchResults
@@ -205,7 +205,10 @@ def run_user_model_bench(args: argparse.Namespace, config: TrainConfig, settings
 
 def run_bench(args: argparse.Namespace) -> CommandResult:
     given = overrides_from_args(TrainConfig, args)
-    config = load(args.params, given, resolve_tracking=False).train
+    # The step is timed with the default loss on class ids (its cost is the network's, not the
+    # loss's): the benchmark's batches are synthetic images and class ids.
+    loaded = load(args.params, given, resolve_tracking=False).train
+    config = loaded.model_copy(update={"loss": DEFAULT_LOSS, "metric": "auto"})
     settings = _settings(args)
     if not parse_model(config.model).builtin:
         return run_user_model_bench(args, config, settings)

@@ -53,6 +53,7 @@ class WorkerRequest(BaseModel):
     data_version: str
     checkpoint_dir: Path | None = None
     model_digest: str | None = None  # the sweep's model file: a pool worker refuses another
+    loss_digest: str | None = None  # the sweep's loss file (train.loss), likewise
 
 
 # Set once the request is known: stops this run when the process that reads our events is gone.
