@@ -6,12 +6,14 @@ params.yaml cannot disagree; everything else comes from the params file, or from
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, create_model
 
 from towerbench.config.load import Override, override_at
+from towerbench.config.losses import absolute_loss
 from towerbench.config.model_ref import absolute_model
 from towerbench.config.params import Params, SweepGrid
 from towerbench.config.sections import FetchConfig, StrictModel, TrainConfig, dataset_name
@@ -54,13 +56,25 @@ def model_override(model: str | None, params_path: Path | None) -> list[Override
     """The form's `model` text (empty: the params file's) as an override; a model file is taken
     relative to the params file's folder, as params.yaml's are (a served flow runs elsewhere).
     One line naming `model` when it is not a model reference or the file is missing."""
-    if model is None or not model.strip():
+    return _function_override("model", absolute_model, model, params_path)
+
+
+def loss_override(loss: str | None, params_path: Path | None) -> list[Override]:
+    """The form's `loss` text (empty: the params file's) as an override, a loss file taken as
+    a model file is."""
+    return _function_override("loss", absolute_loss, loss, params_path)
+
+
+def _function_override(
+    field: str, absolute: Callable[[str, Path], str], text: str | None, params_path: Path | None
+) -> list[Override]:
+    if text is None or not text.strip():
         return []
     base = params_path.resolve().parent if params_path is not None else Path.cwd()
     try:
-        return [Override(TrainConfig, "model", absolute_model(model.strip(), base), "model")]
+        return [Override(TrainConfig, field, absolute(text.strip(), base), field)]
     except ValueError as error:
-        raise TowerbenchError(f"model: {error}") from None
+        raise TowerbenchError(f"{field}: {error}") from None
 
 
 def optimizer_override(optimizer: str | None) -> list[Override]:

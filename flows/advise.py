@@ -25,7 +25,7 @@ from towerbench.config.advise import (
 from towerbench.config.load import load, override_at
 from towerbench.config.optimizers import OptimizerName
 from towerbench.config.params import Params, SweepGrid
-from towerbench.config.run_form import model_override, optimizer_override
+from towerbench.config.run_form import loss_override, model_override, optimizer_override
 from towerbench.config.sections import TrainConfig
 from towerbench.core.dataset_lock import datasets_read
 from towerbench.core.outcome import NothingTrained
@@ -146,6 +146,7 @@ def advise_params(params: Params, advice: AdviseConfig, fresh: bool = False) -> 
 def advise(
     advice: AdviseConfig,
     model: str | None = None,
+    loss: str | None = None,
     optimizer: OptimizerName | None = None,
     dataset: str | None = None,
     params_file: str | None = "params.yaml",
@@ -160,6 +161,9 @@ def advise(
         model: The network; empty: the params file's. A built-in name (tutorial, tutorial_bn,
             resnet20) or your own, path/to/file.py:function (relative to the params file's
             folder) or package.module:function.
+        loss: The per-example loss; empty: the params file's. A built-in name
+            (sparse_categorical_crossentropy, categorical_crossentropy, ...) or your own,
+            path/to/file.py:function (relative to the params file's folder).
         optimizer: The optimizer; empty: the params file's. Another one leaves out the file's
             base_lr tuned for its own (and the hyperparameters it does not read).
         dataset: The preprocessed dataset; default: the params file's.
@@ -170,7 +174,8 @@ def advise(
     """
     one_line_user_errors()
     path = Path(params_file) if params_file else None
-    overrides = model_override(model, path) + optimizer_override(optimizer)
+    overrides = model_override(model, path) + loss_override(loss, path)
+    overrides += optimizer_override(optimizer)
     if dataset is not None:
         overrides.append(override_at("train.dataset", dataset, "dataset"))
     overrides += [override_at(key, value, key) for key, value in (advanced or {}).items()]

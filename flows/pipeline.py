@@ -15,6 +15,7 @@ from towerbench.config.run_form import (
     DatasetChoice,
     SweepChoice,
     form_overrides,
+    loss_override,
     model_override,
     optimizer_override,
 )
@@ -67,6 +68,7 @@ def pipeline(
     sweep: SweepChoice = SweepChoice(),  # type: ignore[valid-type]  # noqa: B008
     epochs: Epochs = TrainConfig.model_fields["epochs"].default,  # type: ignore[valid-type]
     model: str | None = None,
+    loss: str | None = None,
     optimizer: OptimizerName | None = None,
     advanced: dict[str, Any] | None = None,
     params_file: str = "params.yaml",
@@ -82,6 +84,9 @@ def pipeline(
         model: The network; empty: the params file's. A built-in name (tutorial, tutorial_bn,
             resnet20) or your own, path/to/file.py:function (relative to the params file's
             folder) or package.module:function.
+        loss: The per-example loss; empty: the params file's. A built-in name
+            (sparse_categorical_crossentropy, categorical_crossentropy, ...) or your own,
+            path/to/file.py:function (relative to the params file's folder).
         optimizer: The optimizer; empty: the params file's. Another one leaves out the file's
             base_lr tuned for its own (and the hyperparameters it does not read).
         advanced: Any other setting, keyed as in params.yaml, e.g. {"train.base_lr": 0.05}.
@@ -91,6 +96,7 @@ def pipeline(
     one_line_user_errors()
     path = Path(params_file)
     in_file = load(path, resolve_tracking=False)
-    overrides = model_override(model, path) + optimizer_override(optimizer)
+    overrides = model_override(model, path) + loss_override(loss, path)
+    overrides += optimizer_override(optimizer)
     overrides += form_overrides(dataset, sweep, epochs, advanced or {}, in_file.fetch)
     return run_pipeline(load(path, overrides), path.resolve().parent, "pipeline", fresh)

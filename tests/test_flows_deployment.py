@@ -142,6 +142,7 @@ def test_the_run_form_asks_each_setting_once(served_project) -> None:
         "sweep",
         "epochs",
         "model",
+        "loss",
         "optimizer",
         "advanced",
         "params_file",
@@ -154,7 +155,7 @@ def test_the_run_form_asks_each_setting_once(served_project) -> None:
     names = [
         field for group in schema["definitions"].values() for field in group.get("properties", {})
     ] + list(schema["properties"])
-    assert len(names) == len(set(names)) == 18, names  # 3 dataset + 7 sweep + 8 fields
+    assert len(names) == len(set(names)) == 19, names  # 3 dataset + 7 sweep + 9 fields
     assert all("<" not in str(group) for group in schema["definitions"].values())
     assert deployment.parameters["params_file"] == str(project / "params.yaml")
     assert deployment.parameters["sweep"]["towers"] == [2]  # params.yaml's values
@@ -172,6 +173,7 @@ def test_the_advise_form_is_short_and_bounded(served_project) -> None:
     assert list(schema["properties"]) == [
         "advice",
         "model",
+        "loss",
         "optimizer",
         "dataset",
         "params_file",

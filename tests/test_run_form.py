@@ -15,6 +15,7 @@ from towerbench.config.run_form import (
     SweepChoice,
     form_overrides,
     form_parameters,
+    loss_override,
     model_override,
 )
 from towerbench.config.sections import dataset_name
@@ -99,3 +100,21 @@ def test_the_forms_model_file_is_taken_beside_the_params_file(tmp_path, monkeypa
         model_override("nets/other.py:build", params_path)
     with pytest.raises(TowerbenchError, match="^model: .*not a built-in network"):
         model_override("resnet50", params_path)
+
+
+def test_the_forms_loss_file_is_taken_beside_the_params_file(tmp_path, monkeypatch) -> None:
+    params_path = project(tmp_path / "p", {"source": "digits", "name": "digits"})
+    (params_path.parent / "losses.py").write_text("def focal(y_true, y_pred): ...\n")
+    monkeypatch.chdir(tmp_path)  # a served flow runs in another folder
+    overrides = loss_override("losses.py:focal", params_path)
+    chosen = load(params_path, overrides, resolve_tracking=False).train.loss
+    assert chosen == f"{params_path.parent / 'losses.py'}:focal"
+    assert (
+        load(params_path, loss_override("mse", params_path), resolve_tracking=False).train.loss
+        == "mse"
+    )
+    assert loss_override(" ", params_path) == loss_override(None, params_path) == []
+    with pytest.raises(TowerbenchError, match=r"^loss: other.py: no such loss file"):
+        loss_override("other.py:focal", params_path)
+    with pytest.raises(TowerbenchError, match="^loss: 'hinge' is not a built-in loss"):
+        loss_override("hinge", params_path)
