@@ -103,6 +103,10 @@ class Manifest(_Strict):
     image_shape: list[int] = Field(min_length=1)
     dtype: FeatureDtype = "uint8"
     labels: LabelKind = "class_ids"
+    # Label rows only: their smallest and largest value, and whether every row sums to 1 (a
+    # one-hot or soft class row): what the losses check their labels against.
+    label_bounds: list[float] | None = None
+    rows_sum_to_one: bool | None = None
     splits: dict[str, SplitInfo]
     mean: list[float]
     std: list[float]

@@ -132,6 +132,19 @@ def _label_array(labels: Any) -> np.ndarray:
     return labels.astype(np.float32 if labels.ndim == 2 else np.int64)
 
 
+def _label_summary(labels: list[np.ndarray]) -> dict[str, Any]:
+    """The manifest's description of the labels: class ids (nothing to add), or rows with
+    their bounds and whether each sums to 1."""
+    if labels[0].ndim != 2:
+        return {}
+    rows = np.concatenate(labels)
+    return {
+        "labels": "rows",
+        "label_bounds": [float(rows.min()), float(rows.max())],
+        "rows_sum_to_one": bool(np.allclose(rows.sum(axis=1), 1.0, atol=1e-5)),
+    }
+
+
 def _checked_arrays(
     splits: Mapping[str, tuple[np.ndarray, np.ndarray]], num_classes: int
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -190,7 +203,7 @@ def write_dataset(
                 classes=list(classes),
                 image_shape=[int(size) for size in next(iter(shapes))[0]],
                 dtype=next(iter(shapes))[1],
-                labels="rows" if next(iter(arrays.values()))[1].ndim == 2 else "class_ids",
+                **_label_summary([labels for _, labels in arrays.values()]),
                 splits=infos,
                 mean=mean,
                 std=std,

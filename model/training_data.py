@@ -85,6 +85,28 @@ def _check_loss_takes(config: TrainConfig, manifest: Manifest) -> None:
             "per example needs 2 columns or more (float labels are read as target columns: "
             "give class ids as integers, y.astype(int), for sparse_categorical_crossentropy)"
         )
+    _check_row_values(config, manifest)
+
+
+def _check_row_values(config: TrainConfig, manifest: Manifest) -> None:
+    """Label rows hold what the loss and metric need: rows summing to 1 for
+    categorical_crossentropy, values in [0, 1] for binary_crossentropy and the 0/1 metrics."""
+    if manifest.labels != "rows" or manifest.label_bounds is None:
+        return
+    low, high = manifest.label_bounds
+    if config.loss == "categorical_crossentropy" and not manifest.rows_sum_to_one:
+        raise TowerbenchError(
+            f"--loss categorical_crossentropy takes rows that sum to 1 (one-hot or soft "
+            f"classes), {config.dataset!r} has rows that do not: binary_crossentropy takes "
+            "multi-hot tags, mse, mae, huber take targets"
+        )
+    zero_one = config.loss == "binary_crossentropy" or config.metric in ("binary_accuracy", "auc")
+    if zero_one and (low < 0 or high > 1):
+        needs = f"--loss {config.loss}" if config.metric == "auto" else f"--metric {config.metric}"
+        raise TowerbenchError(
+            f"{needs} takes labels in [0, 1], {config.dataset!r} holds values from {low:g} to "
+            f"{high:g}: mse, mae, huber take targets"
+        )
 
 
 def refuse_unreported_metric(config: TrainConfig, manifest: Manifest) -> None:

@@ -77,6 +77,9 @@ def test_label_rows_travel_through_tfrecords_to_training_and_evaluation_batches(
     loaded = load_manifest(tmp_path / "rows")
     assert loaded.features == Features((5,), "float32", label_columns=3)
     assert loaded.splits["train"].per_class == [40, 40, 0]
+    every = np.concatenate(list(rows.values()))
+    assert loaded.label_bounds == [float(every.min()), float(every.max())]
+    assert loaded.rows_sum_to_one is False
 
     plan = EpochPlan(40, 8, towers=2)
     train_files = split_files(tmp_path / "rows", manifest, "train")

@@ -156,6 +156,13 @@ def test_a_loss_that_does_not_fit_the_labels_is_refused_in_one_line(tmp_path):
     write_dataset(tmp_path / "rows", "rows", ["a", "b"], rows, 1, {})
     ids = {"train": (x, np.arange(20) % 2), "test": (x[:4], np.arange(4) % 2)}
     write_dataset(tmp_path / "ids", "ids", ["a", "b"], ids, 1, {})
+    tags = {
+        "train": (x, np.maximum(np.eye(2)[np.arange(20) % 2], (np.arange(20) % 4 == 0)[:, None]))
+    }
+    tags["test"] = (x[:4], np.ones((4, 2)))  # multi-hot: rows of 0/1 summing to 1 or 2
+    write_dataset(tmp_path / "tags", "tags", ["a", "b"], tags, 1, {})
+    targets = {"train": (x, 5 * rng.standard_normal((20, 2))), "test": (x[:4], np.ones((4, 2)))}
+    write_dataset(tmp_path / "targets", "targets", ["a", "b"], targets, 1, {})
     floats = {"train": (x, (np.arange(20) % 2.0)[:, None]), "test": (x[:4], np.zeros((4, 1)))}
     write_dataset(tmp_path / "floats", "floats", ["0"], floats, 1, {})  # class ids as floats
     expected = {
@@ -179,6 +186,12 @@ def test_a_loss_that_does_not_fit_the_labels_is_refused_in_one_line(tmp_path):
         "so; give them as integers, y.astype(int))",
         ("floats", "categorical_crossentropy", "auto"): "--loss categorical_crossentropy: "
         "'floats' holds label rows of 1 column, and a class per example needs 2 columns or more",
+        ("tags", "categorical_crossentropy", "auto"): "--loss categorical_crossentropy takes "
+        "rows that sum to 1 (one-hot or soft classes), 'tags' has rows that do not: "
+        "binary_crossentropy takes multi-hot tags",
+        ("targets", "binary_crossentropy", "auto"): "--loss binary_crossentropy takes labels in "
+        "[0, 1], 'targets' holds values from ",
+        ("targets", "m.py:my_loss", "auc"): "--metric auc takes labels in [0, 1]",
     }
     for (dataset, loss, metric), message in expected.items():
         config = TrainConfig(
@@ -187,6 +200,14 @@ def test_a_loss_that_does_not_fit_the_labels_is_refused_in_one_line(tmp_path):
         with pytest.raises(TowerbenchError) as raised:
             check_config_against_data(config, load_manifest(tmp_path / dataset))
         assert str(raised.value).startswith(message) and "\n" not in str(raised.value)
+    soft = {
+        split: (values, labels / labels.sum(1, keepdims=True))
+        for split, (values, labels) in rows.items()
+    }
+    write_dataset(tmp_path / "soft", "soft", ["a", "b"], soft, 1, {})
+    for dataset, loss in (("tags", "binary_crossentropy"), ("soft", "categorical_crossentropy")):
+        fits = TrainConfig(dataset=dataset, loss=loss, model="m.py:build", global_batch=4)
+        check_config_against_data(fits, load_manifest(tmp_path / dataset))  # taken
     mse = TrainConfig(dataset="rows", loss="mse", model="m.py:build", global_batch=4)
     check_config_against_data(mse, load_manifest(tmp_path / "rows"))  # train takes it
     with pytest.raises(TowerbenchError, match=r"^--metric mae \(of --loss mse\): sweeps"):
