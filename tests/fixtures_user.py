@@ -8,12 +8,26 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 
 def user_environment(**settings: str) -> dict[str, str]:
     """This process's environment without TensorFlow's log level, with `settings` on top."""
     kept = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
     return {**kept, **settings}
+
+
+def run_script(folder: Path, text: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`text` as folder/script.py, run by this Python in `folder`; it must exit 0 (its stderr's
+    end is the failure's message)."""
+    (folder / "script.py").write_text(text)
+    done = subprocess.run(
+        [sys.executable, "script.py"], cwd=folder, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 # What a user never sees unless they ask (TF_CPP_MIN_LOG_LEVEL, verbose=True): TensorFlow's C++

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 
 import fixtures_model
+import fixtures_user
 import numpy as np
 import pytest
 
@@ -161,11 +160,7 @@ print(json.dumps([mine.model_dump(mode="json"), built_in.model_dump(mode="json")
 
 @pytest.mark.slow
 def test_a_loss_function_from_python_trains_as_the_built_in_one(tmp_path):
-    (tmp_path / "script.py").write_text(SCRIPT)
-    done = subprocess.run(
-        [sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = fixtures_user.run_script(tmp_path, SCRIPT, timeout=600)
     lines = done.stdout.strip().splitlines()
     assert "REFUSED loss=: '<lambda>' takes (y), not loss(y_true, y_pred)" in lines
     mine, built_in = json.loads(lines[-1])

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fixtures_user
 import numpy as np
 import pytest
 
@@ -127,11 +128,7 @@ print(json.dumps({
 
 @pytest.mark.slow
 def test_train_sweep_and_advise_from_a_python_script(tmp_path):
-    (tmp_path / "script.py").write_text(SCRIPT)
-    done = subprocess.run(
-        [sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = fixtures_user.run_script(tmp_path, SCRIPT, timeout=900)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["train"]["status"] == "completed"
     assert 0 <= result["train"]["test_accuracy"] <= 1 and result["train"]["updates"] == -(
