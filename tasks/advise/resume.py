@@ -20,8 +20,8 @@ from mlflow.exceptions import MlflowException
 from prefect import get_run_logger
 
 from towerbench.config.advise import AdviseConfig, reference_config
-from towerbench.config.losses import user_code
-from towerbench.config.model_ref import provenance
+from towerbench.config.losses import parse_loss
+from towerbench.config.model_ref import function_provenance, provenance
 from towerbench.config.params import Params, TrackingConfig
 from towerbench.model.probe import ProbeResult
 from towerbench.tasks.advise.advice import advice_data_version, probe_document, start_advice_run
@@ -49,15 +49,18 @@ class Interrupted:
 
 
 def advise_key(params: Params, advice: AdviseConfig, data_version: str) -> str:
-    """The same reference run, advise settings, data and model file: the same advise."""
+    """The same reference run, advise settings, data and model and loss files: the same advise
+    (a run without a loss file keeps the key it had before loss files)."""
     reference = reference_config(params)
     identity = [
         config_key(reference),
         advice.model_dump(mode="json"),
         data_version,
         provenance(reference.model).get("model_digest", ""),
-        *user_code(reference.model, reference.loss).get("loss_digest", "").split(),
     ]
+    loss_digest = function_provenance(parse_loss(reference.loss), "loss").get("loss_digest")
+    if loss_digest is not None:
+        identity.append(loss_digest)
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
