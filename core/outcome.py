@@ -13,6 +13,16 @@ from towerbench.core.errors import TowerbenchError
 if TYPE_CHECKING:
     import pandas  # type: ignore[import-untyped]  # no stubs installed
 
+# How prose names each metric a run can be judged by: config.metrics.METRICS's labels, kept here
+# because core/ imports nothing above it (tests/test_outcome.py holds the two together).
+METRIC_LABELS = {
+    "accuracy": "accuracy",
+    "binary_accuracy": "binary accuracy",
+    "auc": "AUC",
+    "mae": "MAE",
+    "rmse": "RMSE",
+}
+
 
 class Status(StrEnum):
     """A configuration's state, as its MLflow run's `towerbench.status` tag records it."""
@@ -34,7 +44,9 @@ class Outcome(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     status: Status
-    test_accuracy: float | None = None
+    metric: str | None = None  # train.metric as the run resolved it (`accuracy`, `mae`, ...)
+    test_metric: float | None = None  # its value on the test split
+    test_accuracy: float | None = None  # runs judged by accuracy: test_metric
     unstable: str | None = None  # why a completed run counts as unstable (learning collapsed)
     error: str | None = None  # why it failed, in one line
     worker: str | None = None  # the pool worker that ran it
@@ -47,6 +59,13 @@ class Outcome(BaseModel):
     @classmethod
     def failed(cls, error: str, log: str = "") -> Outcome:
         return cls(status=Status.FAILED, error=error, log=log)
+
+    def judged_by(self) -> tuple[str, float | None]:
+        """The metric the run is judged by, as prose names it (`accuracy`, `MAE`), and its test
+        value; accuracy for runs recorded before they named their metric."""
+        if self.metric is None:
+            return "accuracy", self.test_accuracy
+        return METRIC_LABELS.get(self.metric, self.metric), self.test_metric
 
 
 class ConfigSummary(Outcome):
@@ -69,21 +88,22 @@ class SweepResult(BaseModel):
     report: str
 
     def to_frame(self) -> pandas.DataFrame:
-        """One row per configuration run: its name, towers, workers, seed, status, test
-        accuracy, speed and MLflow run id."""
+        """One row per configuration run: its name, towers, workers, seed, status, metric and
+        its test value (and test accuracy), speed and MLflow run id."""
         import pandas
 
         return pandas.DataFrame([config.model_dump(mode="json") for config in self.configs])
 
     def summary_lines(self) -> list[str]:
         """What a sweep ends with on the terminal and in its flow run's log: each run's status
-        and accuracy, each configuration's verdict, where the parent run and report are."""
+        and test metric (`test MAE 0.1234`), each configuration's verdict, where the parent run
+        and report are."""
         lines = []
         for config in self.configs:
-            accuracy = config.test_accuracy
-            shown = f"{accuracy:.4f}" if accuracy is not None else "—"
+            label, value = config.judged_by()
+            shown = f"{value:.4f}" if value is not None else "—"
             error = f"  ({config.error})" if config.error else ""
-            lines.append(f"{config.name:<48} {config.status:<9} test accuracy {shown}{error}")
+            lines.append(f"{config.name:<48} {config.status:<9} test {label} {shown}{error}")
         lines += [f"{group}: {verdict}" for group, verdict in self.verdicts.items()]
         return [*lines, f"MLflow parent run: {self.parent_run_id}", f"Report: {self.report}"]
 

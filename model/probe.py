@@ -38,7 +38,7 @@ from typing import Any
 from towerbench.config.losses import chance_loss
 from towerbench.config.sections import TrainConfig
 from towerbench.model.stability import UNSTABLE_LOSS_FACTOR
-from towerbench.model.training_data import load_training_data, refuse_unreported_metric
+from towerbench.model.training_data import load_training_data, refuse_unadvised_metric
 
 MICRO_BATCHES = 4  # gradients per step of the noise probe: the most of 4, 2 that divide its batch
 WINDOW = 10  # steps the divergence check averages the training cross-entropy over
@@ -162,7 +162,7 @@ def probe(
     started = time.perf_counter()
     large = config.model_copy(update={"global_batch": config.global_batch * towers})
     manifest, train_files, _ = load_training_data(large, Path(data_dir))
-    refuse_unreported_metric(large, manifest)
+    refuse_unadvised_metric(large, manifest)
     from towerbench.model.devices import configure_tower_devices
 
     device = configure_tower_devices(towers, config.device_type, config.parameter_device)

@@ -109,15 +109,25 @@ def _check_row_values(config: TrainConfig, manifest: Manifest) -> None:
         )
 
 
-def refuse_unreported_metric(config: TrainConfig, manifest: Manifest) -> None:
-    """Sweeps, advise and the report judge runs by accuracy so far: another metric is refused
-    for them (a single `train` reports it)."""
+def refuse_unadvised_metric(config: TrainConfig, manifest: Manifest) -> None:
+    """Advise judges its recipes by accuracy so far: another metric is refused for it (train,
+    sweeps and their report judge by it)."""
     metric = resolved_metric(config.metric, config.loss, manifest.labels)
     if metric != "accuracy":
         raise TowerbenchError(
-            f"--metric {metric} (of --loss {config.loss}): sweeps, advise, the report and the "
-            "Python functions (a sweep of one) judge runs by accuracy so far; the `towerbench "
-            "train` command trains and reports it"
+            f"--metric {metric} (of --loss {config.loss}): advise judges its recipes by "
+            "accuracy so far; `towerbench sweep` (and `towerbench.sweep`) compares towers by "
+            f"{metric}"
+        )
+
+
+def _refuse_two_metrics(judged: dict[str, TrainConfig]) -> None:
+    """A sweep's report compares one metric: configurations judged by two are refused."""
+    if len(judged) > 1:
+        named = " and ".join(f"{metric} (--loss {c.loss})" for metric, c in judged.items())
+        raise TowerbenchError(
+            f"the sweep's configurations are judged by {named}: a report compares one metric; "
+            "sweep losses judged by the same metric, or set --metric"
         )
 
 
@@ -163,20 +173,19 @@ def load_training_data(
     return manifest, split_files(folder, manifest, "train"), split_files(folder, manifest, "test")
 
 
-def check_training_data(
-    configs: Iterable[TrainConfig], data_dir: Path, reported: bool = True
-) -> None:
+def check_training_data(configs: Iterable[TrainConfig], data_dir: Path) -> None:
     """What a run checks before it starts (before TensorFlow loads): each configuration's
-    dataset is there and suits it (`reported`, for a sweep's report: by accuracy), and every
-    shard has its manifest's sha256 (each dataset is hashed once)."""
+    dataset is there and suits it, all are judged by one metric (a sweep's report compares
+    one), and every shard has its manifest's sha256 (each dataset is hashed once)."""
     verified: set[str] = set()
+    judged: dict[str, TrainConfig] = {}
     for config in configs:
         manifest, _, _ = load_training_data(config, data_dir)
-        if reported:
-            refuse_unreported_metric(config, manifest)
+        judged.setdefault(resolved_metric(config.metric, config.loss, manifest.labels), config)
         if config.dataset not in verified:
             verify_shards(dataset_dir(data_dir, config.dataset), manifest)
             verified.add(config.dataset)
+    _refuse_two_metrics(judged)
 
 
 def _tensorflow_detail(error: Exception) -> str:

@@ -417,12 +417,15 @@ def create_config_run(
 
 
 def run_outcome(run: Run) -> Outcome:
-    """How a configuration's run ended, as the sweep summarises it: status, test accuracy, the
-    pool worker that ran it, why it is unstable or failed."""
+    """How a configuration's run ended, as the sweep summarises it: status, the metric it is
+    judged by and its test value (and test accuracy), the pool worker that ran it, why it is
+    unstable or failed."""
     tags, metrics = run.data.tags, run.data.metrics
     steps = metrics.get("steps")
     return Outcome(
         status=tags.get(STATUS_TAG, Status.FAILED),
+        metric=run.data.params.get("effective.metric"),
+        test_metric=metrics.get("test_metric"),
         test_accuracy=metrics.get("test_accuracy"),
         epochs=metrics.get("epochs"),
         steps=int(steps) if steps is not None else None,

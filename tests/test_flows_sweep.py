@@ -200,11 +200,15 @@ def test_sweep_records_parent_and_one_nested_run_per_configuration(finished_swee
     for config in outcome["configs"]:
         assert set(config) == {
             *("run_id", "towers", "workers", "seed", "status", "test_accuracy", "worker"),
+            *("metric", "test_metric"),  # as the run resolved train.metric, and its value
             *("epochs", "steps"),  # as trained
         }
         assert (config["steps"] is None) == (config["status"] == "failed")
         assert config["worker"] is None  # trained here, not by a pool's worker
         assert (config["test_accuracy"] is None) == (config["status"] == "failed")
+        if config["status"] == "completed":
+            assert config["metric"] == "accuracy"
+            assert config["test_metric"] == config["test_accuracy"]
 
 
 def _completed(finished_sweep):
@@ -312,7 +316,7 @@ def test_report_file_mlflow_copy_and_report_command(finished_sweep) -> None:
     assert {"report/report.md", "report/report.html"} <= logged
     parent_metrics = client.get_run(outcome["parent_run_id"]).data.metrics
     assert "delta_pp/towers-2_agg-mean_lr-linear_warmup-0_dataset-tiny" in parent_metrics
-    assert "## Losses" in text and "| train CE |" in text
+    assert "## Losses" in text and "| train loss |" in text
 
     printed = io.StringIO()  # not capsys: Prefect's log handler would keep its stream past the test
     with contextlib.redirect_stdout(printed):
@@ -396,7 +400,7 @@ def test_nightly_report_compares_with_the_previous_nightly(finished_sweep) -> No
     section = report.read_text().split("## Compared with the previous nightly sweep")[1]
     assert f"run `{earlier.info.run_id}` (same data version)" in section
     assert "| towers=2 agg=mean lr=linear warmup=0 dataset=tiny |" in section
-    assert "-10.00 pp" in section
+    assert "−10.00 pp" in section  # a true minus, as every difference
 
 
 def test_a_sweep_whose_every_run_diverged_fails(prefect_api_url, tmp_path) -> None:

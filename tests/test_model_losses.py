@@ -18,7 +18,11 @@ from towerbench.ingest.write_records import write_dataset
 from towerbench.model import training
 from towerbench.model.gradcheck import run_gradcheck
 from towerbench.model.losses import per_example_loss
-from towerbench.model.training_data import check_config_against_data, refuse_unreported_metric
+from towerbench.model.training_data import (
+    check_config_against_data,
+    check_training_data,
+    refuse_unadvised_metric,
+)
 
 OUTPUTS = np.array([[2.0, -1.0, 0.5], [0.0, 0.0, 3.0]], np.float32)
 ROWS = np.array([[1.0, 0.0, 1.0], [0.2, 0.3, 0.5]], np.float32)
@@ -209,6 +213,13 @@ def test_a_loss_that_does_not_fit_the_labels_is_refused_in_one_line(tmp_path):
         fits = TrainConfig(dataset=dataset, loss=loss, model="m.py:build", global_batch=4)
         check_config_against_data(fits, load_manifest(tmp_path / dataset))  # taken
     mse = TrainConfig(dataset="rows", loss="mse", model="m.py:build", global_batch=4)
-    check_config_against_data(mse, load_manifest(tmp_path / "rows"))  # train takes it
-    with pytest.raises(TowerbenchError, match=r"^--metric mae \(of --loss mse\): sweeps"):
-        refuse_unreported_metric(mse, load_manifest(tmp_path / "rows"))
+    (tmp_path / "tfrecords").symlink_to(tmp_path)  # the data dir's layout
+    check_training_data([mse], tmp_path)  # train and sweeps take it
+    with pytest.raises(TowerbenchError, match=r"^--metric mae \(of --loss mse\): advise judges"):
+        refuse_unadvised_metric(mse, load_manifest(tmp_path / "rows"))
+    huber = mse.model_copy(update={"loss": "huber", "metric": "rmse"})
+    with pytest.raises(TowerbenchError) as raised:  # a sweep's report compares one metric
+        check_training_data([mse, huber], tmp_path)
+    message = str(raised.value)
+    assert message.startswith("the sweep's configurations are judged by mae (--loss mse) and ")
+    assert "rmse (--loss huber)" in message and "\n" not in message

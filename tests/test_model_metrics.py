@@ -1,11 +1,11 @@
-"""train.metric (issue 61 item 2, first part): each metric against values computed by hand, the
+"""train.metric (issue 61 item 2): each metric against values computed by hand, the
 evaluation of a regression and a multi-label run by their own metric (MAE, binary accuracy) from
-`towerbench train`, and a sweep (whose report judges by accuracy so far) refusing them in one
-line."""
+`towerbench train`, and a regression sweep judged, reported and summed up in MAE."""
 
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import numpy as np
@@ -87,7 +87,9 @@ def test_train_reports_a_task_by_its_own_metric(
 
 
 @pytest.mark.slow
-def test_a_sweep_refuses_a_metric_its_report_cannot_judge_yet(tmp_path, capfd, monkeypatch):
+def test_a_regression_sweep_is_judged_in_mae_and_its_report_never_says_accuracy(
+    tmp_path, capfd, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "net.py").write_text(textwrap.dedent(MODEL))
     save_arrays(*_task_arrays("regression"), tmp_path / "data", "task")
@@ -96,9 +98,25 @@ def test_a_sweep_refuses_a_metric_its_report_cannot_judge_yet(tmp_path, capfd, m
     capfd.readouterr()
     status = main(
         ["sweep", "--dataset", "task", "--model", "net.py:build", "--loss", "mse"]
-        + ["--towers", "1,2", "--epochs", "1"]
+        + ["--towers", "1,2", "--seeds", "0,1", "--epochs", "3", "--global-batch", "32"]
+        + ["--base-lr", "0.5", "--json"]
     )
-    err = capfd.readouterr().err
-    assert status == 2
-    assert "--metric mae (of --loss mse): sweeps, advise, the report and the Python" in err
-    assert err.strip().count("\n") == 0, err
+    captured = capfd.readouterr()
+    assert status == 0, captured.err[-3000:]
+    result = json.loads(captured.out)
+    assert {config["metric"] for config in result["configs"]} == {"mae"}
+    assert all(config["test_accuracy"] is None for config in result["configs"])
+    (_, _), (_, y_test) = _task_arrays("regression")
+    assert all(config["test_metric"] < np.mean(np.abs(y_test)) for config in result["configs"])
+    two_towers = next(text for group, text in result["verdicts"].items() if "towers=2" in group)
+    # Held against +margin (an error is worse above it), 1% of 1 tower's MAE by default.
+    assert re.search(r"Δ [−+][\d.e+-]+, 95% CI \[[−+][\d.e+-]+, [−+][\d.e+-]+\]", two_towers)
+    assert re.search(r"(straddles|lies below|lies above) \+0\.\d+", two_towers), two_towers
+    # 2 towers at the same global batch are the 1-tower run's batch: the same MAE per seed.
+    by_seed = {}
+    for config in result["configs"]:
+        by_seed.setdefault(config["seed"], []).append(config["test_metric"])
+    assert all(abs(one - two) < 1e-4 for one, two in by_seed.values()), by_seed
+    report = (tmp_path / result["report"]).read_text()
+    assert "accuracy" not in report.lower()
+    assert "## MAE" in report and "| test MAE |" in report

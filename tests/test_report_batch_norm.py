@@ -19,7 +19,7 @@ def _record(towers: int, seed: int, moving: list[float], recomputed: list[float]
         group=f"towers={towers}",
         config=config,
         status=Status.COMPLETED,
-        final_accuracy=moving[-1],
+        final_score=moving[-1],
         images_per_sec=None,
         effective_lr=0.1,
         noise_scale=None,

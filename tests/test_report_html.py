@@ -30,14 +30,12 @@ def record(towers: int, seed: int, accuracy: float) -> RunRecord:
         group=group_name(config),
         config=config,
         status=Status.COMPLETED,
-        final_accuracy=accuracy,
+        final_score=accuracy,
         images_per_sec=1000.0 / towers,
         effective_lr=0.1 * towers,
         noise_scale=None,
         device_kind="logical CPU",
-        curve=Curve(
-            epochs=[1.0, 2.0], wall_times=[1.0, 2.0], accuracies=[accuracy - 0.1, accuracy]
-        ),
+        curve=Curve(epochs=[1.0, 2.0], wall_times=[1.0, 2.0], scores=[accuracy - 0.1, accuracy]),
         steps=10.0,
         losses={"train_cross_entropy": 0.3, "test_cross_entropy": 0.4, "generalization_gap": 0.1},
     )

@@ -16,8 +16,8 @@ from towerbench.tasks.report.render import loss_paradox
 from towerbench.tasks.report.statistics import (
     Curve,
     RunRecord,
-    accuracy_by_epoch,
     scaling_efficiency,
+    scores_by_epoch,
     summarize,
     time_to_target,
     welch,
@@ -65,7 +65,7 @@ def test_summary_uses_the_sample_standard_deviation() -> None:
 
 
 def test_time_to_target_is_the_first_evaluation_reaching_it() -> None:
-    curve = Curve(epochs=[1, 2, 3], wall_times=[10.0, 21.0, 30.5], accuracies=[0.5, 0.91, 0.95])
+    curve = Curve(epochs=[1, 2, 3], wall_times=[10.0, 21.0, 30.5], scores=[0.5, 0.91, 0.95])
     assert time_to_target(curve, 0.9) == 21.0
     assert time_to_target(curve, 0.99) is None
 
@@ -125,7 +125,7 @@ def _record(
         group=group,
         config=config,
         status=status,
-        final_accuracy=accuracy if status == "completed" else None,
+        final_score=accuracy if status == "completed" else None,
         images_per_sec=1000.0 if towers == 1 else 500.0 * towers,  # half of linear
         effective_lr=0.1 * towers if lr_scaling == "linear" else 0.1,
         noise_scale=noise_scale,
@@ -154,7 +154,7 @@ def test_compare_rows_verdicts_and_speedup() -> None:
     assert unscaled_row.difference.p_value == pytest.approx(expected.pvalue)
     assert expected.pvalue < 0.05
     assert unscaled_row.verdict.startswith("did not reach the 1-tower accuracy: Δ −2.0 pp")
-    assert "apply linear scaling (measured: `towers=4 lr=linear` -0.1 pp" in unscaled_row.verdict
+    assert "apply linear scaling (measured: `towers=4 lr=linear` −0.1 pp" in unscaled_row.verdict
     # Two seeds 2 pp apart: an interval of ±12 pp, which does not say the gap closed.
     assert "closed the gap" not in unscaled_row.verdict
     assert "global batch 512" in unscaled_row.verdict
@@ -175,7 +175,7 @@ def test_compare_rows_verdicts_and_speedup() -> None:
 def test_a_reference_that_passed_the_last_quarter_check_is_told_its_limit() -> None:
     baseline = [_record(1, "none", seed, accuracy) for seed, accuracy in enumerate([0.86, 0.862])]
     for record in baseline:  # +0.2 pp over the last quarter: a plateau
-        final = record.curve.accuracies[-1]
+        final = record.curve.scores[-1]
         record.curve = Curve(
             [1.0, 2.0, 3.0, 4.0],
             [25.0, 50.0, 75.0, 100.0],
@@ -188,14 +188,14 @@ def test_a_reference_that_passed_the_last_quarter_check_is_told_its_limit() -> N
     assert "a reference at twice the epochs is the stronger check" in notes[0]
 
 
-def test_accuracy_by_epoch_averages_seeds_and_counts_the_ones_that_got_there() -> None:
+def test_scores_by_epoch_averages_seeds_and_counts_the_ones_that_got_there() -> None:
     full = _record(4, "linear", 0, 0.8)
     stopped = _record(4, "linear", 1, 0.6, status="diverged")
     stopped.curve.epochs.pop()  # stopped after epoch 1
-    stopped.curve.accuracies.pop()
+    stopped.curve.scores.pop()
     baseline = _record(1, "none", 0, 0.9)
     rows, _ = compare([baseline, full, stopped], [], None)
-    table = accuracy_by_epoch(rows)
+    table = scores_by_epoch(rows)
     assert list(table) == [1.0, 2.0]
     assert table[1.0]["towers=4 lr=linear"].mean == pytest.approx((0.7 + 0.5) / 2)
     assert table[1.0]["towers=4 lr=linear"].seeds == 2
@@ -289,7 +289,7 @@ def test_adascale_is_at_equal_progress_with_one_tower_and_counts_as_equal_update
     # The linear run at equal epochs needs (1 + 512/200) / (1 + 128/200) = 2.17x the epochs.
     note = by_group["towers=4 lr=linear"].notes[-1]
     assert "needs ≈ 2.17× the epochs of batch 128: train for equal updates" in note
-    assert "(measured: `towers=4 lr=adascale` -2.0 pp" in note
+    assert "(measured: `towers=4 lr=adascale` −2.0 pp" in note
 
     equal_updates = [
         _record(4, "linear", seed, acc, epochs=40) for seed, acc in enumerate([0.85, 0.851])
@@ -297,7 +297,7 @@ def test_adascale_is_at_equal_progress_with_one_tower_and_counts_as_equal_update
     rows, _ = compare(baseline + adascale + linear + equal_updates, [], None)
     verdict = {row.group: row for row in rows}["towers=4 lr=adascale"].verdict
     assert "compare a fixed rule at equal optimizer updates (measured: " in verdict
-    assert "`towers=4 lr=linear epochs=40` -1.0 pp" in verdict
+    assert "`towers=4 lr=linear epochs=40` −1.0 pp" in verdict
 
 
 def test_the_note_advises_from_the_harmonic_mean_not_the_final_noise_scale() -> None:
@@ -417,7 +417,7 @@ def test_an_adaptive_optimizer_scaled_linearly_is_told_its_rule_and_what_it_meas
     by_group = {row.group: row for row in rows}
     note = by_group["towers=4 lr=linear"].notes[0]
     assert note.startswith("adam is adaptive: its rule is sqrt, which also moves its betas")
-    assert "(measured: `towers=4 lr=sqrt` -0.6 pp, p=0.44)" in note
+    assert "(measured: `towers=4 lr=sqrt` −0.6 pp, p=0.44)" in note
     assert not any("adaptive" in other for other in by_group["towers=4 lr=sqrt"].notes)
     momentum = [adam(record, "momentum") for record in records]
     notes = [note for row in compare(momentum, [], None)[0] for note in row.notes]

@@ -20,7 +20,7 @@ def _run(group: str, config: TrainConfig, seed: int, accuracy: float, epochs: fl
     return RunRecord(
         run_id=f"{group}-{seed}", name=group, group=group,
         config=config.model_copy(update={"seed": seed}), status=Status.COMPLETED,
-        final_accuracy=accuracy, images_per_sec=1000.0, effective_lr=0.1, noise_scale=None,
+        final_score=accuracy, images_per_sec=1000.0, effective_lr=0.1, noise_scale=None,
         device_kind="logical CPU", curve=Curve([epochs], [10.0], [accuracy]), steps=steps,
         epochs=epochs,
     )  # fmt: skip

@@ -140,7 +140,7 @@ def test_epoch_metrics_are_logged_at_their_epoch_whatever_the_tower_count(tmp_pa
     # The per-epoch accuracies, then the final one at the last epoch's step: none elsewhere.
     assert [step for step, _ in history["test_accuracy"]] == [1, 2, 2]
     curve = run_record(client, client.get_run(run_id)).curve
-    assert curve.epochs == [1.0, 1.5] and len(curve.accuracies) == len(curve.wall_times) == 2
+    assert curve.epochs == [1.0, 1.5] and len(curve.scores) == len(curve.wall_times) == 2
     params = client.get_run(run_id).data.params
     assert (params["workers"], params["towers"], params["replicas"]) == ("2", "1", "2")
     assert len(params["cluster"].split(",")) == 2

@@ -92,7 +92,7 @@ def _record(towers: int, seed: int, accuracy: float | None, status=Status.COMPLE
         group=f"towers={towers}",
         config=config,
         status=status,
-        final_accuracy=accuracy,
+        final_score=accuracy,
         images_per_sec=None,
         effective_lr=0.1,
         noise_scale=None,
@@ -107,7 +107,7 @@ def _record(towers: int, seed: int, accuracy: float | None, status=Status.COMPLE
 def _summary(record: RunRecord) -> ConfigSummary:
     return ConfigSummary(
         status=record.status,
-        test_accuracy=record.final_accuracy,
+        test_accuracy=record.final_score,
         wall_time=None,  # reused from an earlier attempt: the sweep has no time, MLflow has
         run_id=record.run_id,
         name=record.name,

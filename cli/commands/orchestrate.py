@@ -76,7 +76,8 @@ def sweep_run_from_args(args: argparse.Namespace) -> Params:
 
 
 JSON_FIELDS = {
-    *("run_id", "towers", "workers", "seed", "status", "worker", "test_accuracy"),
+    *("run_id", "towers", "workers", "seed", "status", "worker"),
+    *("metric", "test_metric", "test_accuracy"),  # test_accuracy: runs judged by accuracy
     *("epochs", "steps"),  # as trained
 }
 

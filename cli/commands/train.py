@@ -173,7 +173,7 @@ def run_train(args: argparse.Namespace) -> CommandResult:
     params = load(args.params, overrides, resolve_tracking=False)
     config = params.train
     # The data's errors, damaged shards too, before TensorFlow loads and N processes start.
-    check_training_data([config], params.data.data_dir, reported=False)
+    check_training_data([config], params.data.data_dir)
     if config.workers > 1 and not os.environ.get(TF_CONFIG):
         return _run_local_cluster(args, config.workers)
     print(_describe_config(config, params.data.data_dir), flush=True)

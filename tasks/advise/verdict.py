@@ -164,10 +164,11 @@ def verify_outcome(
     result: SweepResult,
     recipe: Recipe,
     records: list[RunRecord] | None = None,
-    margin: float = CLOSE_ENOUGH,
+    margin: float | None = None,
 ) -> Verification:
     """The verdict on the verification sweep `result` of `recipe`; `records` (read back from
-    MLflow: curves, steps) add the reference's convergence check and the measured steps."""
+    MLflow: curves, steps) add the reference's convergence check and the measured steps;
+    `margin` is report.margin (None: 1 pp, advise judging by accuracy)."""
     ones, many = _sides(result, records or [])
     ratio, cost = _cost(ones, many, recipe)
     prediction = recipe.prediction
@@ -196,6 +197,7 @@ def verify_outcome(
             f"no verdict: no {missing} run finished{why}, no difference stated (see the report)"
         )
         return Verification(**base, **empty, outcome="none", verdict=verdict)
+    margin = CLOSE_ENOUGH if margin is None else margin
     return _compared(ones, many, recipe, margin, base, cost)
 
 

@@ -37,9 +37,11 @@ def _final(row: GroupRow, key: str) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def lag_note(row: GroupRow, baseline: GroupRow, margin: float) -> str | None:
+def lag_note(row: GroupRow, baseline: GroupRow) -> str | None:
     """`4 towers: −3.1 pp with moving BatchNorm statistics, −0.4 pp re-estimated ...` when the
-    re-estimated statistics close a part of `row`'s gap to `baseline` worth naming."""
+    re-estimated statistics close a part of `row`'s gap to `baseline` worth naming (half its
+    margin)."""
+    margin = row.margin if row.margin is not None else 0.0
     row_moving, row_recomputed = _final(row, MOVING), _final(row, RECOMPUTED)
     base_moving, base_recomputed = _final(baseline, MOVING), _final(baseline, RECOMPUTED)
     if row_moving is None or row_recomputed is None or base_moving is None:

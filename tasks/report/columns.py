@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from towerbench.config.metrics import Metric
 from towerbench.config.model_ref import model_label, parse_model
 from towerbench.config.optimizers import DECOUPLED_WEIGHT_DECAY, adascale_power
 from towerbench.core.markdown import markdown_table
@@ -24,24 +25,28 @@ def number(value: float | None, pattern: str) -> str:
     return "—" if value is None or not math.isfinite(value) else format(value, pattern)
 
 
-def _accuracy(row: GroupRow) -> str:
-    accuracy = row.accuracy
-    if accuracy.count == 0:
+def _score(row: GroupRow) -> str:
+    """`84.20 ± 0.31%`, `0.1234 ± 0.0051`: the mean value over seeds and its spread."""
+    score, metric = row.score, row.metric
+    if score.count == 0:
         return "—"
-    if math.isfinite(accuracy.std):
-        return f"{100 * accuracy.mean:.2f} ± {100 * accuracy.std:.2f}%"
-    return f"{100 * accuracy.mean:.2f}%"
+    shown = metric.shown(score.mean)
+    if not math.isfinite(score.std):
+        return shown
+    if metric.share:
+        return f"{shown[:-1]} ± {100 * score.std:.2f}%"
+    return f"{shown} ± {score.std:.2g}"
 
 
 def _difference(row: GroupRow) -> str:
-    return "—" if row.difference is None else f"{100 * row.difference.difference:+.2f} pp"
+    return "—" if row.difference is None else row.metric.change(row.difference.difference, 2)
 
 
 def _interval(row: GroupRow) -> str:
     difference = row.difference
     if difference is None or difference.ci_low is None or difference.ci_high is None:
         return "—"
-    return f"[{100 * difference.ci_low:+.2f}, {100 * difference.ci_high:+.2f}]"
+    return row.metric.interval(difference.ci_low, difference.ci_high, 2)
 
 
 def _p_value(row: GroupRow) -> str:
@@ -176,28 +181,33 @@ OPTIMIZER_COLUMNS: list[Column] = [
     ("AdaScale LR factor", _lr_gain),
 ]
 
-ACCURACY_COLUMNS: list[Column] = [
-    ("configuration", lambda row: row.group),
-    ("test accuracy", _accuracy),
-    ("Δ vs 1 tower", _difference),
-    ("95% CI", _interval),
-    ("p (Welch)", _p_value),
-]
+
+def score_columns(metric: Metric) -> list[Column]:
+    """The judged metric's table: its value over seeds, and against 1 tower."""
+    return [
+        ("configuration", lambda row: row.group),
+        (f"test {metric.label}", _score),
+        ("Δ vs 1 tower", _difference),
+        ("95% CI", _interval),
+        ("p (Welch)", _p_value),
+    ]
+
 
 LOSS_COLUMNS: list[Column] = [
     ("configuration", lambda row: row.group),
-    ("train CE", _loss("train_cross_entropy")),
+    ("train loss", _loss("train_cross_entropy")),
     ("weight decay", _loss("train_weight_decay_loss")),
     ("train total", _loss("train_total_loss")),
-    ("test CE", _loss("test_cross_entropy")),
-    ("test − train CE", _loss("generalization_gap")),
+    ("test loss", _loss("test_cross_entropy")),
+    ("test − train loss", _loss("generalization_gap")),
 ]
 
 
-def speed_columns(target: float | None) -> list[Column]:
+def speed_columns(target: float | None, metric: Metric) -> list[Column]:
+    """Speed, and the seconds to the time-to-target score."""
     return [
         ("configuration", lambda row: row.group),
-        (f"s to {pct(target)}", _time_to_target(target)),
+        (f"s to {metric.shown(target, 1)}", _time_to_target(target)),
         ("speedup", lambda row: number(row.speedup, ".2f")),
         ("images/s", lambda row: number(row.images_per_sec, ".0f")),
         ("scaling eff.", lambda row: number(row.efficiency, ".2f")),

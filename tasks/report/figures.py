@@ -1,4 +1,4 @@
-"""The report's figures: test accuracy against epochs and wall time, losses and the gradient noise
+"""The report's figures: the test metric against epochs and wall time, losses and the gradient noise
 scale (with AdaScale's gain) against epochs.
 
 One colour per configuration, one line style per seed, both explained by one legend to the right
@@ -74,24 +74,31 @@ def _save(figure, folder: Path, name: str) -> str:
     return name
 
 
-def _accuracy_figure(records, colours, x_key: str, x_label: str, folder: Path, name: str) -> str:
+def _values(record: RunRecord) -> list[float]:
+    """A run's test scores as its metric's values (an error plotted as itself, not negated)."""
+    return [record.metric.value(score) for score in record.curve.scores]
+
+
+def _metric_figure(records, colours, x_key: str, x_label: str, folder: Path, name: str) -> str:
+    """The test metric against `x_key` (epochs or wall time)."""
     figure, (axis,) = _figure(records, colours, 1, 7)
-    _plot_lines(axis, records, colours, lambda r: (getattr(r.curve, x_key), r.curve.accuracies))
+    _plot_lines(axis, records, colours, lambda r: (getattr(r.curve, x_key), _values(r)))
     if x_key == "epochs":
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axis.set(xlabel=x_label, ylabel="test accuracy", title=f"Test accuracy vs {x_label}")
+    label = f"test {records[0].metric.label}" if records else "test accuracy"
+    axis.set(xlabel=x_label, ylabel=label, title=f"{label[0].upper()}{label[1:]} vs {x_label}")
     axis.grid(alpha=0.3)
     return _save(figure, folder, name)
 
 
 def _loss_figure(records, colours, folder: Path, name: str) -> str:
-    """Training cross-entropy (all towers) and test cross-entropy per epoch, side by side."""
+    """The training loss (all towers) and the test loss per epoch, side by side."""
     figure, (train_axis, test_axis) = _figure(records, colours, 2, 11)
     test_axis.sharey(train_axis)
     _plot_lines(train_axis, records, colours, lambda r: r.loss_curves.get("train", ([], [])))
     _plot_lines(test_axis, records, colours, lambda r: r.loss_curves.get("test", ([], [])))
     for axis, title in ((train_axis, "Training"), (test_axis, "Test")):
-        axis.set(xlabel="epoch", ylabel="cross-entropy", title=f"{title} cross-entropy")
+        axis.set(xlabel="epoch", ylabel="loss", title=f"{title} loss")
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.grid(alpha=0.3)
     return _save(figure, folder, name)
@@ -132,10 +139,11 @@ def _noise_figure(records, colours, folder: Path, name: str) -> str | None:
 def report_figures(records: list[RunRecord], folder: Path) -> list[str]:
     """Write the figures into `folder`; returns their file names."""
     colours = _colours(records)
+    metric = records[0].metric.name if records else "accuracy"
     names = [
-        _accuracy_figure(records, colours, "epochs", "epoch", folder, "accuracy_vs_epoch.png"),
-        _accuracy_figure(
-            records, colours, "wall_times", "wall time (s)", folder, "accuracy_vs_time.png"
+        _metric_figure(records, colours, "epochs", "epoch", folder, f"{metric}_vs_epoch.png"),
+        _metric_figure(
+            records, colours, "wall_times", "wall time (s)", folder, f"{metric}_vs_time.png"
         ),
         _loss_figure(records, colours, folder, "loss_vs_epoch.png"),
         _noise_figure(records, colours, folder, "noise_scale_vs_epoch.png"),

@@ -41,7 +41,7 @@ from towerbench.tasks.report.render import (
     render_report,
     verdicts_by_group,
 )
-from towerbench.tasks.report.statistics import GroupRow
+from towerbench.tasks.report.statistics import GroupRow, sweep_metric
 from towerbench.tasks.report.verdicts import compare
 from towerbench.tasks.tracking import (
     FLOW_TAG,
@@ -86,19 +86,21 @@ def _metric_key(group: str) -> str:
 
 
 def summary_metrics(rows: list[GroupRow]) -> dict[str, float]:
-    """Per configuration: mean test accuracy, epochs and updates as trained, and against 1 tower
-    the difference, p-value and the examples seen (its epochs trained / 1 tower's)."""
+    """Per configuration: the mean test metric (named by it: `accuracy/…`, `mae/…`), epochs
+    and updates as trained, and against 1 tower the difference (`delta_pp` of a share, `delta`
+    in an error's units), p-value and the examples seen (its epochs trained / 1 tower's)."""
     metrics: dict[str, float] = {}
     for row in rows:
-        key = _metric_key(row.group)
+        key, metric = _metric_key(row.group), row.metric
         values = {
-            "accuracy": row.accuracy.mean if row.accuracy.count else None,
+            metric.name: metric.value(row.score.mean) if row.score.count else None,
             "epochs": row.epochs,
             "updates": row.steps,
             "examples_factor": row.examples_factor,
         }
         if row.difference is not None:
-            values["delta_pp"] = 100 * row.difference.difference
+            delta = metric.value(row.difference.difference)
+            values.update({"delta_pp": 100 * delta} if metric.share else {"delta": delta})
             values["p_value"] = row.difference.p_value
         metrics.update({f"{name}/{key}": v for name, v in values.items() if v is not None})
     return metrics
@@ -145,7 +147,10 @@ def write_report(
         say(partial)
     records = sweep_records(client, parent)
     swept = swept_besides_axes(parent)
-    rows, target = compare(records, swept, report.target_accuracy, report.margin)
+    target = report.target_accuracy
+    if target is not None:
+        target = sweep_metric(records).score(target)
+    rows, target = compare(records, swept, target, report.margin)
     header = ReportHeader(
         title=parent.info.run_name,
         parent_run_id=parent_run_id,

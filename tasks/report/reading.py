@@ -6,6 +6,7 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from towerbench.config.metrics import METRICS, Metric
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Status
@@ -41,19 +42,20 @@ def _by_epoch(epochs: dict[int, float], values: dict[int, float]) -> tuple[list,
 
 
 def _curves(
-    client: MlflowClient, run_id: str
+    client: MlflowClient, run_id: str, metric: Metric
 ) -> tuple[Curve, dict[str, EpochCurve], dict[str, EpochCurve], dict[str, EpochCurve]]:
-    """Test accuracy per evaluation (with its epoch and wall time), the training and test
-    cross-entropy per epoch, the noise scale and AdaScale's values per epoch, and with BatchNorm
-    the accuracies with moving and re-estimated statistics per evaluation (those logged)."""
+    """The test score per evaluation (with its epoch and wall time), the training and test
+    loss per epoch, the noise scale and AdaScale's values per epoch, and with BatchNorm the
+    accuracies with moving and re-estimated statistics per evaluation (those logged)."""
     epochs = _history(client, run_id, "epoch")
-    accuracy = _history(client, run_id, "test_accuracy")
+    # Runs logged before train.metric have test_accuracy only.
+    values = _history(client, run_id, "test_metric") or _history(client, run_id, "test_accuracy")
     wall = _history(client, run_id, "wall_time")
-    steps = sorted(set(accuracy) & set(epochs) & set(wall))
+    steps = sorted(set(values) & set(epochs) & set(wall))
     curve = Curve(
         epochs=[epochs[step] for step in steps],
         wall_times=[wall[step] for step in steps],
-        accuracies=[accuracy[step] for step in steps],
+        scores=[metric.score(values[step]) for step in steps],
     )
     losses = {
         "train": _by_epoch(epochs, _history(client, run_id, "cross_entropy")),
@@ -84,16 +86,29 @@ def _untagged_status(run: Run) -> Status:
     return Status.FAILED if run.info.status == "FAILED" else Status.RUNNING
 
 
+def run_metric(run: Run) -> Metric:
+    """What a run is judged by (accuracy for runs logged before train.metric)."""
+    return METRICS[run.data.params.get("effective.metric", "accuracy")]
+
+
+def _final_score(run: Run, metric: Metric) -> float | None:
+    metrics = run.data.metrics
+    value = metrics.get("test_metric", metrics.get("test_accuracy"))
+    return None if value is None else metric.score(value)
+
+
 def run_record(client: MlflowClient, run: Run) -> RunRecord:
     tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
-    curve, loss_curves, noise_curves, bn_curves = _curves(client, run.info.run_id)
+    metric = run_metric(run)
+    curve, loss_curves, noise_curves, bn_curves = _curves(client, run.info.run_id, metric)
     return RunRecord(
         run_id=run.info.run_id,
         name=run.info.run_name,
         group=tags.get(GROUP_TAG, run.info.run_name),
         config=TrainConfig.from_stored(tags[CONFIG_TAG]),
         status=Status(tags.get(STATUS_TAG, _untagged_status(run))),
-        final_accuracy=metrics.get("test_accuracy"),
+        final_score=_final_score(run, metric),
+        metric=metric,
         images_per_sec=metrics.get("images_per_sec"),
         effective_lr=_float(params.get("effective_lr")),
         noise_scale=advising_noise_scale(noise_curves.get("noise_scale", ([], []))[1]),

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from towerbench.config.losses import FROM_LOGITS
+from towerbench.config.metrics import Metric
 from towerbench.config.optimizers import DECOUPLED_WEIGHT_DECAY
 from towerbench.core.markdown import markdown_table
 from towerbench.tasks.report.batch_norm import lag_section
 from towerbench.tasks.report.columns import (
-    ACCURACY_COLUMNS,
     ADASCALE_COLUMNS,
     LOSS_COLUMNS,
     NOISE_COLUMNS,
@@ -17,15 +18,16 @@ from towerbench.tasks.report.columns import (
     SETUP_COLUMNS,
     models,
     number,
-    pct,
+    score_columns,
     speed_columns,
     table,
 )
 from towerbench.tasks.report.statistics import (
+    ACCURACY,
     GroupRow,
     RunRecord,
-    accuracy_by_epoch,
     more_examples,
+    scores_by_epoch,
 )
 
 
@@ -43,12 +45,28 @@ class ReportHeader:
     partial: str | None = None  # why the report covers only some runs (the sweep still runs)
 
 
+def _metric(rows: list[GroupRow]) -> Metric:
+    """What the sweep is judged by (statistics.sweep_metric made it one)."""
+    return rows[0].metric if rows else ACCURACY
+
+
+def _title(metric: Metric) -> str:
+    """`Accuracy`, `Binary accuracy`, `MAE`."""
+    return metric.label[0].upper() + metric.label[1:]
+
+
+def _loss_word(rows: list[GroupRow]) -> str:
+    """`cross-entropy` when every configuration trained one, else `loss`."""
+    losses = {row.config.loss for row in rows}
+    return "cross-entropy" if losses and losses <= FROM_LOGITS else "loss"
+
+
 def epoch_table(rows: list[GroupRow], most_rows: int = 20) -> str:
-    """Test accuracy per evaluated epoch (mean over seeds), one column per configuration.
+    """The test metric per evaluated epoch (mean over seeds), one column per configuration.
 
     Long runs show every n-th evaluation and the last, at most `most_rows` rows.
     """
-    by_epoch = accuracy_by_epoch(rows)
+    by_epoch = scores_by_epoch(rows)
     epochs = list(by_epoch)
     stride = math.ceil(len(epochs) / most_rows) if epochs else 1
     shown = epochs[stride - 1 :: stride]
@@ -63,17 +81,19 @@ def epoch_table(rows: list[GroupRow], most_rows: int = 20) -> str:
                 cells.append("—")
             else:
                 partial = f" ({cell.seeds}/{len(row.runs)})" if cell.seeds < len(row.runs) else ""
-                cells.append(f"{100 * cell.mean:.2f}%{partial}")
+                cells.append(f"{row.metric.shown(cell.mean)}{partial}")
         lines.append(cells)
     return markdown_table(["epoch", *(row.group for row in rows)], lines)
 
 
 def loss_paradox(rows: list[GroupRow]) -> str:
-    """When does a lower training loss come with a lower test accuracy? Said from the numbers."""
-    measured = [  # (row, its training cross-entropy)
+    """When does a lower training loss come with a worse test metric? Said from the numbers."""
+    metric, loss = _metric(rows), _loss_word(rows)
+    test = f"test {metric.label}"
+    measured = [  # (row, its training loss)
         (row, train_loss)
         for row in rows
-        if row.accuracy.count
+        if row.score.count
         and (train_loss := row.losses.get("train_cross_entropy")) is not None
         and row.losses.get("test_cross_entropy") is not None
     ]
@@ -81,28 +101,28 @@ def loss_paradox(rows: list[GroupRow]) -> str:
         (row, other)
         for row, row_train_loss in measured
         for other, other_train_loss in measured
-        if row_train_loss < other_train_loss and row.accuracy.mean < other.accuracy.mean
+        if row_train_loss < other_train_loss and row.score.mean < other.score.mean
     ]
     how = (
-        "Every training loss here averages the cross-entropy over all towers' examples of the "
+        f"Every training loss here averages the {loss} over all towers' examples of the "
         "last epoch (the tutorial printed one tower's last-batch loss plus weight decay); the "
         "weight-decay term is shown apart."
     )
     if not paradoxes:
         return (
-            f"{how} In this sweep a lower training cross-entropy always came with a higher test "
-            "accuracy: no loss paradox was measured."
+            f"{how} In this sweep a lower training {loss} always came with a better {test}: no "
+            "loss paradox was measured."
         )
     row, other = max(
         paradoxes,
-        key=lambda pair: pair[1].accuracy.mean - pair[0].accuracy.mean,
+        key=lambda pair: pair[1].score.mean - pair[0].score.mean,
     )
     row_loss, other_loss = row.losses, other.losses
     return (
-        f"{how} `{row.group}` ended with a lower training cross-entropy than `{other.group}` "
+        f"{how} `{row.group}` ended with a lower training {loss} than `{other.group}` "
         f"({row_loss['train_cross_entropy']:.3f} vs {other_loss['train_cross_entropy']:.3f}) "
-        f"but a lower test accuracy ({pct(row.accuracy.mean, 2)} vs "
-        f"{pct(other.accuracy.mean, 2)}): its test cross-entropy is "
+        f"but a worse {test} ({metric.shown(row.score.mean)} vs "
+        f"{metric.shown(other.score.mean)}): its test {loss} is "
         f"{row_loss['test_cross_entropy']:.3f} vs {other_loss['test_cross_entropy']:.3f}, a "
         f"train–test gap of {row_loss['generalization_gap']:.3f} vs "
         f"{other_loss['generalization_gap']:.3f}. A lower training loss means a better fit of "
@@ -121,13 +141,14 @@ def nightly_section(
         f"({'same' if same_data else 'DIFFERENT'} data version).",
         "",
     ]
+    metric = _metric(rows)
     cells = []
     for row in rows:
         earlier = before.get(row.group)
         if earlier is None:
-            cells.append([row.group, pct(row.accuracy.mean, 2), "—", "—", "—"])
+            cells.append([row.group, metric.shown(row.score.mean), "—", "—", "—"])
             continue
-        change = row.accuracy.mean - earlier.accuracy.mean
+        change = row.score.mean - earlier.score.mean
         speed = (
             row.images_per_sec / earlier.images_per_sec
             if row.images_per_sec and earlier.images_per_sec
@@ -136,25 +157,27 @@ def nightly_section(
         cells.append(
             [
                 row.group,
-                pct(row.accuracy.mean, 2),
-                pct(earlier.accuracy.mean, 2),
-                f"{100 * change:+.2f} pp" if math.isfinite(change) else "—",
+                metric.shown(row.score.mean),
+                metric.shown(earlier.score.mean),
+                metric.change(change, 2) if math.isfinite(change) else "—",
                 number(speed, ".2f"),
             ]
         )
-    header = ["configuration", "accuracy now", "before", "change", "images/s now / before"]
+    now = f"{metric.label} now"
+    header = ["configuration", now, "before", "change", "images/s now / before"]
     return "\n".join([*lines, markdown_table(header, cells)])  # a blank line before the table
 
 
 def _heading(header: ReportHeader, rows: list[GroupRow]) -> list[str]:
+    metric = _metric(rows)
     return [
         f"# towerbench sweep report: {header.title}",
         "",
         f"MLflow parent run: [{header.parent_run_id}]({header.run_link}) "
         f"([its runs' charts]({header.charts_link})) · data version "
         f"`{header.data_version}` · model: {models(rows)} · devices: "
-        f"{', '.join(header.device_kinds) or 'unknown'} · time-to-accuracy target "
-        f"{pct(header.target)}",
+        f"{', '.join(header.device_kinds) or 'unknown'} · time-to-{metric.label} target "
+        f"{metric.shown(header.target, 1)}",
         *([] if header.partial is None else ["", f"**Partial report:** {header.partial}."]),
     ]
 
@@ -202,6 +225,27 @@ def verdicts_by_group(rows: list[GroupRow]) -> dict[str, str]:
     return {row.group: row.verdict + "".join(f"; {note}" for note in row.notes) for row in rows}
 
 
+def _margins(rows: list[GroupRow]) -> str:
+    """The non-inferiority margins the verdicts held each difference against."""
+    metric = _metric(rows)
+    bounds = {
+        f"`{row.group}`: {metric.bound(row.margin)}"
+        for row in rows
+        if row.is_baseline and row.margin is not None
+    }
+    default = "" if metric.higher_is_better else "; default: 1% of each 1-tower baseline's value"
+    return (
+        f"Δ is k towers − 1 tower in test {metric.label}; a configuration reached its 1-tower "
+        f"baseline when the 95% interval of Δ lies {metric.better} the margin (report.margin"
+        f"{default}): " + "; ".join(sorted(bounds)) + "."
+    )
+
+
+def _scores(rows: list[GroupRow]) -> list[str]:
+    metric = _metric(rows)
+    return [f"## {_title(metric)}", "", table(score_columns(metric), rows), "", _margins(rows)]
+
+
 def _verdicts(rows: list[GroupRow]) -> list[str]:
     lines = ["## Verdicts", ""]
     lines += [f"- **{group}**: {text}" for group, text in verdicts_by_group(rows).items()]
@@ -224,10 +268,11 @@ def _optimizers(rows: list[GroupRow]) -> list[str]:
 
 def _losses(rows: list[GroupRow]) -> list[str]:
     decoupled = any(row.config.optimizer in DECOUPLED_WEIGHT_DECAY for row in rows)
+    losses = ", ".join(f"`{loss}`" for loss in dict.fromkeys(row.config.loss for row in rows))
     lines = [
         "## Losses",
         "",
-        "Cross-entropy (CE) of the last epoch; weight decay is the L2 term added to it"
+        f"The loss ({losses}) of the last epoch; weight decay is the L2 term added to it"
         + (
             " (none where the optimizer decays the weights itself: adamw, lamb, lars)."
             if decoupled
@@ -249,7 +294,7 @@ def _losses(rows: list[GroupRow]) -> list[str]:
 
 
 def _speed(header: ReportHeader, rows: list[GroupRow]) -> list[str]:
-    lines = ["## Speed", "", table(speed_columns(header.target), rows)]
+    lines = ["## Speed", "", table(speed_columns(header.target, _metric(rows)), rows)]
     if any("logical" in kind for kind in header.device_kinds):
         lines += [
             "",
@@ -290,7 +335,7 @@ def _noise(rows: list[GroupRow]) -> list[str]:
 
 def _per_epoch(rows: list[GroupRow], figures: dict[str, str]) -> list[str]:
     return [
-        "## Test accuracy per epoch",
+        f"## Test {_metric(rows).label} per epoch",
         "",
         "Mean over seeds; (n/m) where only n of the m seeds reached that epoch.",
         "",
@@ -307,13 +352,14 @@ def _runs(records: list[RunRecord]) -> list[str]:
         [
             record.name,
             record.status + (" (unstable)" if record.unstable else ""),
-            pct(record.final_accuracy, 2),
+            record.metric.shown(record.final_score),
             record.run_id,
             (record.error or record.unstable or "")[:120],
         ]
         for record in records
     ]
-    header = ["run", "status", "test accuracy", "run id", "error"]
+    label = records[0].metric.label if records else ACCURACY.label
+    header = ["run", "status", f"test {label}", "run id", "error"]
     return ["## Runs", "", markdown_table(header, run_rows), ""]
 
 
@@ -337,7 +383,7 @@ def render_report(
             *_normalised(rows),
         ],
         _optimizers(rows),
-        ["## Accuracy", "", table(ACCURACY_COLUMNS, rows)],
+        _scores(rows),
         _verdicts(rows),
         _losses(rows),
         lag_section(rows),

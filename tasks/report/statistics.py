@@ -1,6 +1,8 @@
 """The statistics of a sweep report: seeds summarised, each configuration against 1 tower.
 
 Plain numpy/scipy on numbers already read from MLflow, so every figure can be checked by hand.
+Runs are compared by *score*: train.metric's value, negated when lower is better (MAE, RMSE),
+so that higher is better for every metric; config.metrics.Metric words scores as values.
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
+from towerbench.config.metrics import METRICS, Metric
 from towerbench.config.sections import TrainConfig
+from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Status
+
+ACCURACY = METRICS["accuracy"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,7 @@ def welch(sample: list[float], baseline: list[float], confidence: float = 0.95) 
     return Difference(difference, difference - half_width, difference + half_width, float(p_value))
 
 
-CLOSE_ENOUGH = 0.01  # 1 percentage point of accuracy: the default margin (report.margin)
+CLOSE_ENOUGH = 0.01  # 1 percentage point of accuracy: advise's margin (report.margin)
 MOST_SEEDS = 100  # beyond this many seeds a side, "inconclusive" says "more than 100"
 # What passing the last-quarter check does not show, as measured (docs/findings.md, the fastest
 # recipe: a 24-epoch reference that passed it, and the same at 48 epochs).
@@ -77,31 +83,34 @@ Outcome = Literal["reached", "not reached", "inconclusive"]
 
 @dataclass(frozen=True)
 class NonInferiority:
-    """Did the sample reach the baseline's accuracy within `margin`? "reached" when the 95%
+    """Did the sample reach the baseline's score within `margin`? "reached" when the 95%
     interval of (sample - baseline) lies above -margin, "not reached" when it lies below,
     "inconclusive" otherwise (one seed a side included), with the seeds per side the measured
-    spread says would decide it (None: no spread measured)."""
+    spread says would decide it (None: no spread measured). Worded in `metric`'s values: an
+    error's interval lies *below* +margin when reached."""
 
     outcome: Outcome
     difference: Difference
     margin: float
     seeds_needed: int | None = None
+    metric: Metric = ACCURACY
 
     def interval(self) -> str:
         """`Δ +0.3 pp, 95% CI [−0.5, +1.1]` (or `(one seed a side: no interval)`)."""
         low, high = self.difference.ci_low, self.difference.ci_high
-        text = f"Δ {signed_pp(self.difference.difference)} pp"
+        text = f"Δ {self.metric.change(self.difference.difference)}"
         if low is None or high is None:
             return f"{text} (one seed a side: no interval)"
-        return f"{text}, 95% CI [{signed_pp(low)}, {signed_pp(high)}]"
+        return f"{text}, 95% CI {self.metric.interval(low, high)}"
 
     def reason(self) -> str:
         """Why the outcome, against the margin, in a clause."""
-        bound = f"−{100 * self.margin:g} pp"
+        metric = self.metric
+        bound = metric.bound(self.margin)
         if self.outcome == "reached":
-            return f"the interval lies above {bound}"
+            return f"the interval lies {metric.better} {bound}"
         if self.outcome == "not reached":
-            return f"the interval lies below {bound}"
+            return f"the interval lies {metric.worse} {bound}"
         if self.seeds_needed is None:
             return (
                 f"no interval to set against {bound}: more seeds (at least 3 a side) would give one"
@@ -138,37 +147,41 @@ def seeds_to_decide(
 
 
 def non_inferiority(
-    sample: list[float], baseline: list[float], margin: float = CLOSE_ENOUGH
+    sample: list[float],
+    baseline: list[float],
+    margin: float = CLOSE_ENOUGH,
+    metric: Metric = ACCURACY,
 ) -> NonInferiority:
-    """The non-inferiority verdict on final accuracies (see NonInferiority); one rule for the
+    """The non-inferiority verdict on final scores (see NonInferiority); one rule for the
     report's verdicts and advise's."""
     difference = welch(sample, baseline)
     low, high = difference.ci_low, difference.ci_high
     if low is not None and low > -margin:
-        return NonInferiority("reached", difference, margin)
+        return NonInferiority("reached", difference, margin, metric=metric)
     if high is not None and high < -margin:
-        return NonInferiority("not reached", difference, margin)
-    return NonInferiority(
-        "inconclusive", difference, margin, seeds_to_decide(sample, baseline, margin)
-    )
+        return NonInferiority("not reached", difference, margin, metric=metric)
+    seeds = seeds_to_decide(sample, baseline, margin)
+    return NonInferiority("inconclusive", difference, margin, seeds, metric)
 
 
 @dataclass(frozen=True)
 class Convergence:
-    """Whether the reference stopped improving: its test accuracy's rise over the last quarter
+    """Whether the reference stopped improving: its test score's rise over the last quarter
     of its epochs (mean over seeds) against the noise between seeds (the sample standard
-    deviation of their final accuracies), never less than the verdicts' margin."""
+    deviation of their final scores), never less than the verdicts' margin."""
 
     converged: bool
     rise: float
     noise: float
     noise_kind: str  # the spread between seeds, or the margin when larger
+    metric: Metric = ACCURACY
 
     def evidence(self) -> str:
-        """`+7.4 pp over the last quarter of its epochs, more than 1.0 pp (the margin)`."""
-        rise = f"{signed_pp(self.rise)} pp over the last quarter of its epochs"
+        """`+7.4 pp over the last quarter of its epochs, more than 1.0 pp (the margin)` (an
+        error falls as it improves: `−0.031 ...`)."""
+        rise = f"{self.metric.change(self.rise)} over the last quarter of its epochs"
         against = "within" if self.converged else "more than"
-        return f"{rise}, {against} {100 * self.noise:.1f} pp ({self.noise_kind})"
+        return f"{rise}, {against} {self.metric.amount(self.noise)} ({self.noise_kind})"
 
     def text(self) -> str:
         state = "had converged" if self.converged else "was still improving"
@@ -196,11 +209,12 @@ def judgement(decision: NonInferiority, reference: Convergence | None) -> str:
     if decision.outcome == "inconclusive":
         return f"inconclusive: {decision.interval()}: {decision.reason()}{after}"
     reached = "reached" if decision.outcome == "reached" else "did not reach"
-    return f"{reached} the 1-tower accuracy: {decision.interval()} ({decision.reason()}){after}"
+    label = decision.metric.label
+    return f"{reached} the 1-tower {label}: {decision.interval()} ({decision.reason()}){after}"
 
 
 def _last_quarter_rise(curve: Curve) -> float | None:
-    """Test accuracy at the last evaluation minus at the last one at or before 3/4 of the
+    """The test score at the last evaluation minus at the last one at or before 3/4 of the
     epochs; None without both."""
     if not curve.epochs:
         return None
@@ -208,38 +222,40 @@ def _last_quarter_rise(curve: Curve) -> float | None:
     earlier = [i for i, epoch in enumerate(curve.epochs) if epoch <= 0.75 * last + 1e-9]
     if not earlier or curve.epochs[earlier[-1]] == last:
         return None
-    return curve.accuracies[-1] - curve.accuracies[earlier[-1]]
+    return curve.scores[-1] - curve.scores[earlier[-1]]
 
 
-def convergence(curves: list[Curve], margin: float = CLOSE_ENOUGH) -> Convergence | None:
-    """The reference's convergence check on its seeds' accuracy curves; None when no curve has
+def convergence(
+    curves: list[Curve], margin: float = CLOSE_ENOUGH, metric: Metric = ACCURACY
+) -> Convergence | None:
+    """The reference's convergence check on its seeds' score curves; None when no curve has
     an evaluation before its last quarter."""
     rises = [rise for curve in curves if (rise := _last_quarter_rise(curve)) is not None]
     if not rises:
         return None
-    finals = [curve.accuracies[-1] for curve in curves if curve.accuracies]
+    finals = [curve.scores[-1] for curve in curves if curve.scores]
     spread = float(np.std(finals, ddof=1)) if len(finals) > 1 else 0.0
     if spread > margin:
         noise, kind = spread, "the spread between seeds"
     else:  # seeds that agree (or one seed) cannot ask for less than the verdicts' margin
         noise, kind = margin, "the margin" if len(finals) > 1 else "the margin, one seed"
     rise = float(np.mean(rises))
-    return Convergence(rise <= noise, rise, noise, kind)
+    return Convergence(rise <= noise, rise, noise, kind, metric)
 
 
 @dataclass(frozen=True)
 class Curve:
-    """Test accuracy of one run after each evaluation."""
+    """The test score of one run after each evaluation."""
 
     epochs: list[float]
     wall_times: list[float]
-    accuracies: list[float]
+    scores: list[float]
 
 
 def time_to_target(curve: Curve, target: float) -> float | None:
-    """Wall-clock seconds until test accuracy first reaches `target` (None: never)."""
-    for seconds, accuracy in zip(curve.wall_times, curve.accuracies, strict=True):
-        if accuracy >= target:
+    """Wall-clock seconds until the test score first reaches `target` (None: never)."""
+    for seconds, score in zip(curve.wall_times, curve.scores, strict=True):
+        if score >= target:
             return seconds
     return None
 
@@ -268,7 +284,7 @@ class RunRecord:
     group: str
     config: TrainConfig
     status: Status
-    final_accuracy: float | None
+    final_score: float | None  # train.metric's last value as a score (higher is better)
     images_per_sec: float | None
     effective_lr: float | None
     noise_scale: float | None
@@ -285,6 +301,7 @@ class RunRecord:
     # Per epoch: `noise_scale` and, under adascale, ADASCALE_METRICS.
     noise_curves: dict[str, EpochCurve] = field(default_factory=dict)
     bn_curves: dict[str, EpochCurve] = field(default_factory=dict)  # BN_METRICS per evaluation
+    metric: Metric = ACCURACY  # what it is judged by (MLflow param `effective.metric`)
 
     def last(self, key: str) -> float | None:
         """The last per-epoch value of `key` in `noise_curves`."""
@@ -336,7 +353,7 @@ class GroupRow:
     group: str
     config: TrainConfig
     runs: list[RunRecord]
-    accuracy: Summary
+    score: Summary  # of its completed seeds' final scores
     difference: Difference | None
     time_to_target: float | None
     reached_target: int
@@ -358,6 +375,11 @@ class GroupRow:
     epochs_factor: float | None = None  # its configured epochs / its baseline's
     examples_factor: float | None = None  # its epochs trained / its baseline's: examples seen
     budget: str | None = None  # which budget its epochs are, and why (budget_reason)
+    margin: float | None = None  # the non-inferiority margin against (or of) its baseline
+
+    @property
+    def metric(self) -> Metric:
+        return self.runs[0].metric
 
     @property
     def unstable(self) -> list[RunRecord]:
@@ -365,7 +387,7 @@ class GroupRow:
 
     @property
     def closes_gap(self) -> bool:
-        """Reached the baseline's accuracy: the 95% interval lies above -margin."""
+        """Reached the baseline's score: the 95% interval lies above -margin."""
         return self.decision is not None and self.decision.outcome == "reached"
 
 
@@ -409,11 +431,11 @@ def _baseline_for(group: list[RunRecord], groups: dict[str, list[RunRecord]], sw
 
 
 def _finals(group: list[RunRecord]) -> list[float]:
-    """The final accuracies of a group's completed runs."""
+    """The final scores of a group's completed runs."""
     return [
-        run.final_accuracy
+        run.final_score
         for run in group
-        if run.status == Status.COMPLETED and run.final_accuracy is not None
+        if run.status == Status.COMPLETED and run.final_score is not None
     ]
 
 
@@ -435,7 +457,7 @@ def _group_row(
         group=name,
         config=group[0].config,
         runs=group,
-        accuracy=summarize(_finals(group)),
+        score=summarize(_finals(group)),
         difference=None,
         time_to_target=_mean(times),
         reached_target=sum(time is not None for time in times),
@@ -483,8 +505,9 @@ def _compare_with(row: GroupRow, baseline: GroupRow, margin: float) -> None:
     budget (its configured epochs over the baseline's) and examples seen (its epochs trained over
     the baseline's) against `baseline`."""
     sample, reference = _finals(row.runs), _finals(baseline.runs)
+    row.margin = margin
     if sample and reference:
-        row.decision = non_inferiority(sample, reference, margin)
+        row.decision = non_inferiority(sample, reference, margin, row.metric)
         row.difference = row.decision.difference
     row.epochs_factor = row.config.epochs / baseline.config.epochs
     row.budget = budget_reason(row.config, baseline.config)
@@ -498,52 +521,77 @@ def _compare_with(row: GroupRow, baseline: GroupRow, margin: float) -> None:
         )
 
 
+def sweep_metric(runs: list[RunRecord]) -> Metric:
+    """The one metric a sweep's runs are judged by; one line when they are judged by two."""
+    names = sorted({run.metric.name for run in runs})
+    if len(names) > 1:
+        raise TowerbenchError(
+            f"the sweep's runs are judged by {' and '.join(names)}: a report compares one "
+            "metric; sweep losses judged by one metric (train.metric) at a time"
+        )
+    return runs[0].metric if runs else ACCURACY
+
+
+def default_target(baseline_means: list[float]) -> float | None:
+    """The time-to-target default: 95% of the worst baseline's value (105% of an error's)."""
+    means = [mean for mean in baseline_means if math.isfinite(mean)]
+    return min(means) - 0.05 * abs(min(means)) if means else None
+
+
+def _margin(margin: float | None, baseline: GroupRow) -> float:
+    """report.margin, or the metric's default at the baseline's mean (Metric.default_margin)."""
+    if margin is not None:
+        return margin
+    mean = baseline.score.mean
+    return baseline.metric.default_margin(mean if math.isfinite(mean) else 0.0)
+
+
 def group_rows(
     runs: list[RunRecord],
     swept: list[str],
-    target_accuracy: float | None,
-    margin: float = CLOSE_ENOUGH,
+    target: float | None,
+    margin: float | None = None,
 ) -> tuple[list[GroupRow], float | None]:
     """One row per configuration, in run order, each against its 1-tower baseline (no verdicts
-    yet; a baseline with its convergence check), and the target accuracy used for timing
-    (default: 95% of the worst baseline's mean)."""
+    yet; a baseline with its convergence check), and the target score used for timing
+    (default: default_target). `margin` None: each metric's default (Metric.default_margin)."""
+    metric = sweep_metric(runs)
     groups: dict[str, list[RunRecord]] = {}
     for run in runs:
         groups.setdefault(run.group, []).append(run)
     baselines = {name: _baseline_for(group, groups, swept) for name, group in groups.items()}
-    if target_accuracy is None:
-        means = [summarize(_finals(groups[name])).mean for name in set(baselines.values()) if name]
-        means = [mean for mean in means if math.isfinite(mean)]
-        target_accuracy = 0.95 * min(means) if means else None
+    if target is None:
+        names = set(baselines.values()) - {None}
+        target = default_target([summarize(_finals(groups[name])).mean for name in names])
     rows = {
-        name: _group_row(name, group, baselines[name], target_accuracy)
-        for name, group in groups.items()
+        name: _group_row(name, group, baselines[name], target) for name, group in groups.items()
     }
     for name, row in rows.items():
         baseline = rows.get(baselines[name] or "")
         if row.is_baseline:
+            row.margin = _margin(margin, row)
             completed = [run.curve for run in row.runs if run.status == Status.COMPLETED]
-            row.convergence = convergence(completed, margin)
+            row.convergence = convergence(completed, row.margin, metric)
         elif baseline is not None:
-            _compare_with(row, baseline, margin)
-    return list(rows.values()), target_accuracy
+            _compare_with(row, baseline, _margin(margin, baseline))
+    return list(rows.values()), target
 
 
 @dataclass(frozen=True)
 class EpochCell:
-    """Mean test accuracy of a configuration's seeds at one evaluation, and how many had one."""
+    """Mean test score of a configuration's seeds at one evaluation, and how many had one."""
 
     mean: float
     seeds: int
 
 
-def accuracy_by_epoch(rows: list[GroupRow]) -> dict[float, dict[str, EpochCell]]:
-    """For every evaluated epoch, each configuration's test accuracy averaged over its seeds."""
+def scores_by_epoch(rows: list[GroupRow]) -> dict[float, dict[str, EpochCell]]:
+    """For every evaluated epoch, each configuration's test score averaged over its seeds."""
     collected: dict[float, dict[str, list[float]]] = {}
     for row in rows:
         for run in row.runs:
-            for epoch, accuracy in zip(run.curve.epochs, run.curve.accuracies, strict=True):
-                collected.setdefault(round(epoch, 2), {}).setdefault(row.group, []).append(accuracy)
+            for epoch, score in zip(run.curve.epochs, run.curve.scores, strict=True):
+                collected.setdefault(round(epoch, 2), {}).setdefault(row.group, []).append(score)
     return {
         epoch: {
             group: EpochCell(float(np.mean(values)), len(values))

@@ -18,7 +18,6 @@ from towerbench.core.outcome import Status
 from towerbench.model.noise_advice import EPOCHS_TOLERANCE, epochs_needed
 from towerbench.tasks.report.batch_norm import lag_note
 from towerbench.tasks.report.statistics import (
-    CLOSE_ENOUGH,
     GroupRow,
     RunRecord,
     group_rows,
@@ -78,11 +77,11 @@ def _noise_advice(row: GroupRow, baseline: GroupRow, rows: list[GroupRow]) -> st
 
 
 def measured(row: GroupRow) -> str:
-    """`-0.3 pp, p=0.71` (or what is known so far) for a row compared with its baseline."""
+    """`−0.3 pp, p=0.71` (or what is known so far) for a row compared with its baseline."""
     difference = row.difference
     if difference is None:
-        return "no finished seed" if row.accuracy.count == 0 else "no baseline"
-    text = f"{100 * difference.difference:+.1f} pp"
+        return "no finished seed" if row.score.count == 0 else "no baseline"
+    text = row.metric.change(difference.difference)
     return text if difference.p_value is None else f"{text}, p={difference.p_value:.2f}"
 
 
@@ -103,10 +102,10 @@ def _advice(text: str, row: GroupRow, rows: list[GroupRow], applies: Applies) ->
     """`text`, with the sweep's evidence for it: the best configuration applying it, or
     "untested here"."""
     tried = [other for other in _same_devices(row, rows) if applies(other.config)]
-    tried = [other for other in tried if other.accuracy.count]
+    tried = [other for other in tried if other.score.count]
     if not tried:
         return f"{text} (untested here)"
-    best = max(tried, key=lambda other: other.accuracy.mean)
+    best = max(tried, key=lambda other: other.score.mean)
     return f"{text} (measured: `{best.group}` {measured(best)})"
 
 
@@ -296,7 +295,7 @@ def verdict(row: GroupRow, baseline: GroupRow | None, rows: list[GroupRow]) -> s
     failure = _failure(row, rows)
     if failure is not None:
         return failure
-    if row.accuracy.count == 0 and any(run.status == Status.RUNNING for run in row.runs):
+    if row.score.count == 0 and any(run.status == Status.RUNNING for run in row.runs):
         return "still running: no seed has finished yet"
     if row.is_baseline:
         return "baseline"
@@ -342,12 +341,12 @@ def _adaptive_rule_note(row: GroupRow, rows: list[GroupRow]) -> str | None:
 def compare(
     runs: list[RunRecord],
     swept: list[str],
-    target_accuracy: float | None,
-    margin: float = CLOSE_ENOUGH,
+    target: float | None,
+    margin: float | None = None,
 ) -> tuple[list[GroupRow], float | None]:
-    """One row per configuration with its verdict and notes, and the timing target used;
-    `margin` is the non-inferiority margin (report.margin)."""
-    rows, target = group_rows(runs, swept, target_accuracy, margin)
+    """One row per configuration with its verdict and notes, and the timing target used (a
+    score); `margin` is the non-inferiority margin (report.margin; None: the metric's)."""
+    rows, target = group_rows(runs, swept, target, margin)
     by_group = {row.group: row for row in rows}
     for row in rows:
         baseline = by_group.get(row.baseline_group or "")
@@ -357,9 +356,9 @@ def compare(
         rule_note = _adaptive_rule_note(row, rows)
         if rule_note is not None:
             row.notes.append(rule_note)
-        if baseline is None or row.is_baseline or row.unstable or not row.accuracy.count:
+        if baseline is None or row.is_baseline or row.unstable or not row.score.count:
             continue
-        for note in (_noise_advice(row, baseline, rows), lag_note(row, baseline, margin)):
+        for note in (_noise_advice(row, baseline, rows), lag_note(row, baseline)):
             if note is not None:
                 row.notes.append(note)
     return rows, target

@@ -22,10 +22,13 @@ from prefect import get_run_logger, task
 from prefect.artifacts import update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
+from towerbench.config.metrics import METRICS, resolved_metric
 from towerbench.config.params import TrackingConfig
+from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.outcome import Outcome, Status
 from towerbench.core.processes import stop
+from towerbench.core.tfrecord_format import dataset_dir, load_manifest
 from towerbench.model.training_data import check_training_data
 from towerbench.tasks.tracking import mark_failed, mark_killed, tracking_server_watched
 from towerbench.tasks.training.fork_server import TrainingProcess
@@ -129,6 +132,13 @@ def run_training_process(
     return Outcome.failed(_error_line(log_text, returncode), log_text)
 
 
+def _metric_label(config: TrainConfig, data_dir: Path) -> str:
+    """How the progress lines name the metric the run is judged by (`accuracy`, `MAE`): its
+    train.metric as the training process resolves it (`auto`: the loss's own)."""
+    labels = load_manifest(dataset_dir(data_dir, config.dataset)).labels
+    return METRICS[resolved_metric(config.metric, config.loss, labels)].label
+
+
 # Never cached: every call is a new training run with its own MLflow run.
 @task(name="train-configuration", task_run_name="train {name}", cache_policy=NO_CACHE)
 def train_configuration(
@@ -143,14 +153,23 @@ def train_configuration(
     logger = get_run_logger()
     start, end = progress_span
     epochs = request.config.epochs
+    try:  # a dataset that is not there, or damaged, fails at once without starting a process
+        check_training_data([request.config], request.data_dir)
+        label = _metric_label(request.config, request.data_dir)
+    except TowerbenchError as error:
+        with tracking_server_watched(tracking):
+            mark_failed(tracking, request.run_id, str(error), "")
+        tell_finished(f"{name} failed: {error}")
+        raise TrainingFailed(f"{name}: {error}") from None
 
     def on_event(event: dict[str, Any]) -> None:
         if event["event"] == "epoch":
             logger.info(
-                "%s epoch %.3g: test accuracy %.4f, loss %.4f, %.0f images/s",
+                "%s epoch %.3g: test %s %.4f, loss %.4f, %.0f images/s",
                 name,
                 event.get("epoch", float("nan")),
-                event.get("test_accuracy") or float("nan"),
+                label,
+                event.get("test_metric") or float("nan"),
                 event.get("total_loss") or float("nan"),
                 event.get("images_per_sec") or float("nan"),
             )
@@ -161,13 +180,6 @@ def train_configuration(
             fraction = min(max(epoch / epochs, 0.0), 1.0)
             update_progress_artifact(progress_artifact, start + (end - start) * fraction)
 
-    try:  # a dataset that is not there, or damaged, fails at once without starting a process
-        check_training_data([request.config], request.data_dir)
-    except TowerbenchError as error:
-        with tracking_server_watched(tracking):
-            mark_failed(tracking, request.run_id, str(error), "")
-        tell_finished(f"{name} failed: {error}")
-        raise TrainingFailed(f"{name}: {error}") from None
     try:
         outcome = run_training_process(request, on_event)
     except BaseException:  # Ctrl-C, SIGTERM: the process is stopped; never leave its run RUNNING
@@ -182,7 +194,8 @@ def train_configuration(
             mark_failed(tracking, request.run_id, outcome.error or "", outcome.log)
         tell_finished(f"{name} failed: {outcome.error}")
         raise TrainingFailed(f"{name}: {outcome.error}")
-    ended = f"{name} {outcome.status}: test accuracy {outcome.test_accuracy or 0:.4f}"
+    judged_by, value = outcome.judged_by()
+    ended = f"{name} {outcome.status}: test {judged_by} {value or 0:.4f}"
     logger.info(ended)
     tell_finished(ended)
     if outcome.unstable:

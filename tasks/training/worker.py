@@ -134,6 +134,8 @@ def run(request: WorkerRequest) -> Outcome:
     return Outcome(
         status=result.status,
         unstable=final.unstable,
+        metric=final.metric,
+        test_metric=final.test_metric,
         test_accuracy=final.test_accuracy,
         images_per_sec=final.images_per_sec,
         wall_time=final.wall_time,
