@@ -59,8 +59,12 @@ class Metric:
     def signed(self, score_difference: float, digits: int = 1) -> str:
         """A difference of scores as the value's change, signed with a true minus, without
         units: `−1.2` (accuracy fell, in pp), `+0.012` (MAE rose)."""
-        value = self.value(score_difference) + 0.0  # no −0
-        text = f"{100 * value:+.{digits}f}" if self.share else f"{value:+.{digits + 1}g}"
+        return self.signed_value(self.value(score_difference), digits)
+
+    def signed_value(self, difference: float, digits: int = 1) -> str:
+        """A difference of values, signed, without units: `−1.2` (a share, in pp), `+0.012`."""
+        difference += 0.0  # no −0
+        text = f"{100 * difference:+.{digits}f}" if self.share else f"{difference:+.{digits + 1}g}"
         return text.replace("-", "−", 1) if text.startswith("-") else text  # not in e-08
 
     @property

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from towerbench.config.losses import chance_loss
+from towerbench.config.losses import chance_loss, judged_by_accuracy
 from towerbench.config.sections import TrainConfig
 from towerbench.model.stability import UNSTABLE_LOSS_FACTOR
-from towerbench.model.training_data import load_training_data, refuse_unadvised_metric
+from towerbench.model.training_data import load_training_data
 
 MICRO_BATCHES = 4  # gradients per step of the noise probe: the most of 4, 2 that divide its batch
 WINDOW = 10  # steps the divergence check averages the training cross-entropy over
@@ -162,7 +162,6 @@ def probe(
     started = time.perf_counter()
     large = config.model_copy(update={"global_batch": config.global_batch * towers})
     manifest, train_files, _ = load_training_data(large, Path(data_dir))
-    refuse_unadvised_metric(large, manifest)
     from towerbench.model.devices import configure_tower_devices
 
     device = configure_tower_devices(towers, config.device_type, config.parameter_device)
@@ -194,6 +193,8 @@ class _Session:
         self.train_files = train_files
         self.device = device
         self.has_batchnorm = False
+        # BatchNorm's lag is measured in accuracy: for runs a class per example judges.
+        self.classified = judged_by_accuracy(config.loss, manifest.labels)
 
     def _trainer(self, towers: int, learning_rate, on_first_device: bool = False):
         """A fresh network (the run's seed) and its tower step: `towers` towers, one per tower
@@ -303,7 +304,7 @@ class _Session:
         losses, reason, seconds = self._run(trainer, batch, towers, steps)
         last = _mean(losses[-WINDOW:])
         lag: tuple[float | None, float | None] = (None, None)
-        if self.has_batchnorm and reason is None:
+        if self.has_batchnorm and reason is None and self.classified:
             lag = self._batch_norm_lag(trainer, batch, towers)
         return LearningRateTrial(learning_rate, len(losses), last, reason, seconds, *lag)
 

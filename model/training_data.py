@@ -109,18 +109,6 @@ def _check_row_values(config: TrainConfig, manifest: Manifest) -> None:
         )
 
 
-def refuse_unadvised_metric(config: TrainConfig, manifest: Manifest) -> None:
-    """Advise judges its recipes by accuracy so far: another metric is refused for it (train,
-    sweeps and their report judge by it)."""
-    metric = resolved_metric(config.metric, config.loss, manifest.labels)
-    if metric != "accuracy":
-        raise TowerbenchError(
-            f"--metric {metric} (of --loss {config.loss}): advise judges its recipes by "
-            "accuracy so far; `towerbench sweep` (and `towerbench.sweep`) compares towers by "
-            f"{metric}"
-        )
-
-
 def _refuse_two_metrics(judged: dict[str, TrainConfig]) -> None:
     """A sweep's report compares one metric: configurations judged by two are refused."""
     if len(judged) > 1:

@@ -25,7 +25,7 @@ from towerbench.config.recipe_file import CHOICES, LATER_CHOICES
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import ConfigSummary, Status, SweepResult
 from towerbench.model.probe import WINDOW, NoiseProbe, ProbeResult, divergence, probe
-from towerbench.tasks.advise.advice import probe_document
+from towerbench.tasks.advise.advice import probe_document, verdict_section
 from towerbench.tasks.advise.probe import settled_noise_scale
 from towerbench.tasks.advise.recipe import Measurements, choose_recipe
 from towerbench.tasks.advise.verdict import verify_outcome
@@ -130,6 +130,30 @@ def test_the_verdict_says_whether_the_recipe_reached_one_tower_and_what_it_cost(
     assert unsure.verdict.startswith("inconclusive: Δ −5.0 pp, 95% CI [−")
     assert "seeds per side would decide it at the measured spread" in unsure.verdict
     assert unsure.seeds_needed is not None and unsure.seeds_needed > 3
+
+
+def test_the_verdict_of_a_recipe_judged_by_mae_is_in_mae() -> None:
+    def mae(summary: ConfigSummary) -> ConfigSummary:  # the accuracy given read as an MAE
+        value = summary.test_accuracy
+        return summary.model_copy(
+            update={"metric": "mae", "test_metric": value, "test_accuracy": None}
+        )
+
+    ones = (0.300, 0.302, 0.304)
+    worse = _sweep([0.330, 0.333, 0.336], ones)
+    worse = worse.model_copy(update={"configs": [mae(config) for config in worse.configs]})
+    missed = verify_outcome(worse, RECIPE)
+    assert missed.outcome == "missed" and missed.metric == "mae"
+    assert missed.verdict.startswith(
+        "the recipe did not reach the 1-tower MAE: Δ +0.031, 95% CI [+"
+    )
+    # Held against 1% of 1 tower's MAE, above which an error is worse.
+    assert f"(the interval lies above +{0.01 * 0.302:.3g})" in missed.verdict
+    assert missed.difference == pytest.approx(0.031) and missed.difference_pp is None
+    assert missed.ci_low < 0.031 < missed.ci_high
+    table = verdict_section(missed)
+    assert "| Δ MAE vs 1 tower |" in table and "| missed | +0.031 | [+0.0" in table
+    assert " pp" not in table
 
 
 def test_verification_trains_one_tower_and_the_recipe_not_the_mixed_shapes() -> None:

@@ -39,8 +39,8 @@ MEASURED = Measurements(
 RECIPE = choose_recipe(MEASURED)
 PROBE = ["probe (40 s, 4 tower devices): no BatchNorm; noise scale 334", "largest stable LR: 0.4"]
 VERIFIED = Verification(
-    parent_run_id="sweep-run", report="/reports/sweep-run/report.md", difference_pp=0.5,
-    ci_low_pp=-0.4, ci_high_pp=1.4, outcome="reached", time_ratio=1.25,
+    parent_run_id="sweep-run", report="/reports/sweep-run/report.md", difference=0.005,
+    ci_low=-0.004, ci_high=0.014, outcome="reached", time_ratio=1.25,
     verdict="the recipe reached the 1-tower accuracy: Δ +0.5 pp, 95% CI [−0.4, +1.4]",
 )  # fmt: skip
 
@@ -60,7 +60,8 @@ def test_the_advice_says_the_probe_the_recipe_the_params_file_and_the_verdict() 
     assert "`towerbench sweep --params /p/advise-1.yaml`" in text
     verdict = verdict_section(VERIFIED)
     assert verdict.startswith("## Verdict\n\nthe recipe reached the 1-tower accuracy: Δ +0.5 pp")
-    assert "| reached | +0.5 pp | [-0.4, +1.4] pp | 1.25× |" in verdict
+    assert "| outcome | Δ accuracy vs 1 tower | 95% CI | time vs 1 tower |" in verdict
+    assert "| reached | +0.5 pp | [−0.4, +1.4] pp | 1.25× |" in verdict
     assert "report `/reports/sweep-run/report.md`" in verdict
     assert "Not verified (verification was off)" in verdict_section(None)
     assert "Being verified" in verdict_section(None, verifying=True)
@@ -120,7 +121,7 @@ def test_an_advise_flow_run_publishes_the_advice_and_records_the_sweeps_data_ver
     reason = without_asides(RECIPE.lr_scaling.reason)
     recipe_row = f"| LR scaling | {RECIPE.lr_scaling.value} | {reason} |"
     assert recipe_row in pending and "Being verified" in pending
-    assert recipe_row in published and "| reached | +0.5 pp | [-0.4, +1.4] pp |" in published
+    assert recipe_row in published and "| reached | +0.5 pp | [−0.4, +1.4] pp |" in published
     assert "Being verified" not in published
 
     client = MlflowClient(params.tracking.tracking_uri)

@@ -1,6 +1,6 @@
 """train.metric (issue 61 item 2): each metric against values computed by hand, the
 evaluation of a regression and a multi-label run by their own metric (MAE, binary accuracy) from
-`towerbench train`, and a regression sweep judged, reported and summed up in MAE."""
+`towerbench train`, and a regression sweep and advise judged, reported and summed up in MAE."""
 
 from __future__ import annotations
 
@@ -86,15 +86,20 @@ def test_train_reports_a_task_by_its_own_metric(
         assert result["test_metric"] > 0.8  # all-zero logits score about 0.5
 
 
+def _regression_project(folder, monkeypatch) -> None:
+    """The regression arrays preprocessed as dataset `task`, and net.py, in `folder` (the cwd)."""
+    monkeypatch.chdir(folder)
+    (folder / "net.py").write_text(textwrap.dedent(MODEL))
+    save_arrays(*_task_arrays("regression"), folder / "data", "task")
+    assert main(["fetch", "arrays", "--url", "data/arrays/task.npz", "--name", "task"]) == 0
+    assert main(["preprocess", "task"]) == 0
+
+
 @pytest.mark.slow
 def test_a_regression_sweep_is_judged_in_mae_and_its_report_never_says_accuracy(
     tmp_path, capfd, monkeypatch
 ):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "net.py").write_text(textwrap.dedent(MODEL))
-    save_arrays(*_task_arrays("regression"), tmp_path / "data", "task")
-    assert main(["fetch", "arrays", "--url", "data/arrays/task.npz", "--name", "task"]) == 0
-    assert main(["preprocess", "task"]) == 0
+    _regression_project(tmp_path, monkeypatch)
     capfd.readouterr()
     status = main(
         ["sweep", "--dataset", "task", "--model", "net.py:build", "--loss", "mse"]
@@ -120,3 +125,25 @@ def test_a_regression_sweep_is_judged_in_mae_and_its_report_never_says_accuracy(
     report = (tmp_path / result["report"]).read_text()
     assert "accuracy" not in report.lower()
     assert "## MAE" in report and "| test MAE |" in report
+
+
+@pytest.mark.slow
+def test_advise_verifies_a_regression_recipe_in_mae(tmp_path, capfd, monkeypatch):
+    _regression_project(tmp_path, monkeypatch)
+    (tmp_path / "params.yaml").write_text(
+        "train: {dataset: task, model: net.py:build, loss: mse, epochs: 3, global_batch: 32, "
+        "base_lr: 0.1}\n"
+    )
+    capfd.readouterr()
+    command = ["advise", "--params", "params.yaml", "--towers", "2", "--seeds", "2"]
+    status = main([*command, "--probe-steps", "40", "--json"])
+    captured = capfd.readouterr()
+    assert status == 0, captured.err[-3000:]
+    verification = json.loads(captured.out)["verification"]
+    assert verification["metric"] == "mae" and verification["difference_pp"] is None
+    assert verification["ci_low"] <= verification["difference"] <= verification["ci_high"]
+    assert "the 1-tower MAE: Δ " in verification["verdict"] or verification["verdict"].startswith(
+        "inconclusive: Δ "
+    )
+    assert "accuracy" not in verification["verdict"]
+    assert "accuracy" not in (tmp_path / verification["report"]).read_text().lower()

@@ -20,6 +20,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.context import FlowRunContext
 from pydantic import BaseModel
 
+from towerbench.config.metrics import METRICS
 from towerbench.config.params import Params, SweepGrid
 from towerbench.config.recipe_file import Choice, recipe_file_text
 from towerbench.config.sections import TrainConfig
@@ -325,15 +326,21 @@ def verdict_section(verification: Verification | None, verifying: bool = False) 
     the verification is under way or was off."""
     if verification is None:
         return f"{VERDICT_HEADING}\n\n{VERIFYING if verifying else NOT_VERIFIED}\n"
-    low, high = verification.ci_low_pp, verification.ci_high_pp
-    interval = "—" if low is None or high is None else f"[{low:+.1f}, {high:+.1f}] pp"
+    metric = METRICS[verification.metric]
+    low, high, difference = verification.ci_low, verification.ci_high, verification.difference
+    interval = (
+        "—"
+        if low is None or high is None
+        else f"[{metric.signed_value(low)}, {metric.signed_value(high)}]{metric.units}"
+    )
     row = [
         verification.outcome,
-        _number(verification.difference_pp, "+.1f", " pp"),
+        "—" if difference is None else metric.signed_value(difference) + metric.units,
         interval,
         _number(verification.time_ratio, ".2f", "×"),
     ]
-    table = markdown_table(["outcome", "Δ vs 1 tower", "95% CI", "time vs 1 tower"], [row])
+    header = ["outcome", f"Δ {metric.label} vs 1 tower", "95% CI", "time vs 1 tower"]
+    table = markdown_table(header, [row])
     return (
         f"{VERDICT_HEADING}\n\n{verification.verdict}\n\n{table}\n\nVerification sweep: "
         f"MLflow run `{verification.parent_run_id}`, report `{verification.report}`.\n"
@@ -436,6 +443,9 @@ def finish_advice_run(
         tags.append(RunTag(VERDICT_TAG, verification.verdict[:5000]))
         now = int(time.time() * 1000)
         numbers = {
+            "difference": verification.difference,
+            "ci_low": verification.ci_low,
+            "ci_high": verification.ci_high,
             "difference_pp": verification.difference_pp,
             "ci_low_pp": verification.ci_low_pp,
             "ci_high_pp": verification.ci_high_pp,

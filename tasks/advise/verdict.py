@@ -1,12 +1,15 @@
 """The verdict of `towerbench advise --verify`: did the recipe's K towers reach the 1-tower
-accuracy, what next if not, and what the K towers cost against the prediction.
+value of the run's metric (train.metric: accuracy, MAE, ...), what next if not, and what the K
+towers cost against the prediction.
 
-The rule is the report's (tasks/report/statistics.py: non_inferiority, judgement), on the runs
-that finished; a diverged run's accuracy is never compared:
-- reached: the 95% interval of (K towers - 1 tower) lies above -margin (report.margin, 1 pp),
-  no recipe run diverged, and the 1-tower reference had converged (its last quarter of epochs
-  moved test accuracy by no more than the noise between seeds; else "unconverged": the
-  reference was still improving, the difference compares two under-trained runs);
+The rule is the report's (tasks/report/statistics.py: non_inferiority, judgement, on scores:
+the value, negated when lower is better), on the runs that finished; a diverged run's value is
+never compared:
+- reached: the 95% interval of (K towers - 1 tower) lies above -margin (report.margin; by
+  default 1 pp of a share, 1% of 1 tower's MAE or RMSE), no recipe run diverged, and the 1-tower
+  reference had converged (its last quarter of epochs moved the test metric by no more than the
+  noise between seeds; else "unconverged": the reference was still improving, the difference
+  compares two under-trained runs);
 - missed: the interval lies below -margin, or a recipe run diverged;
 - inconclusive: the interval straddles -margin (or one seed a side), with the seeds per side
   the measured spread says would decide it;
@@ -18,16 +21,17 @@ that finished; a diverged run's accuracy is never compared:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, computed_field
 
+from towerbench.config.metrics import METRICS, Metric
 from towerbench.config.params import TrackingConfig
 from towerbench.core.outcome import ConfigSummary, Status, SweepResult
 from towerbench.tasks.advise.recipe import Recipe
 from towerbench.tasks.report.reading import sweep_parent, sweep_records
 from towerbench.tasks.report.statistics import (
-    CLOSE_ENOUGH,
+    Difference,
     RunRecord,
     convergence,
     judgement,
@@ -43,9 +47,6 @@ class Verification(BaseModel):
 
     parent_run_id: str
     report: str
-    difference_pp: float | None  # K towers - 1 tower, mean test accuracy, percentage points
-    ci_low_pp: float | None
-    ci_high_pp: float | None
     outcome: VerdictOutcome
     time_ratio: float | None  # mean wall time of a K-tower run / of a 1-tower run
     verdict: str
@@ -55,6 +56,15 @@ class Verification(BaseModel):
     measured_steps: float | None = None  # mean over the finished K-tower runs
     predicted_seconds: float | None = None  # of training steps
     measured_seconds: float | None = None  # mean wall time of the finished K-tower runs
+    metric: str = "accuracy"  # what the runs were judged by (train.metric as resolved)
+    # K towers - 1 tower, the mean test metric in its own values (MAE: positive is worse), and
+    # its 95% interval; for a share (accuracy) also in percentage points.
+    difference: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    difference_pp: float | None = None
+    ci_low_pp: float | None = None
+    ci_high_pp: float | None = None
 
     @computed_field  # type: ignore[prop-decorator]  # pydantic's documented use
     @property
@@ -87,9 +97,14 @@ class _Side:
         return [summary for summary in self.summaries if summary.status == status]
 
     @property
-    def accuracies(self) -> list[float]:
-        completed = self.with_status(Status.COMPLETED)
-        return [s.test_accuracy for s in completed if s.test_accuracy is not None]
+    def scores(self) -> list[float]:
+        """The completed runs' test metric as scores (statistics: higher is better)."""
+        scores = []
+        for summary in self.with_status(Status.COMPLETED):
+            value = summary.test_metric if summary.metric else summary.test_accuracy
+            if value is not None:
+                scores.append(_metric_of([summary]).score(value))
+        return scores
 
     def completed_records(self) -> list[RunRecord]:
         ids = {summary.run_id for summary in self.with_status(Status.COMPLETED)}
@@ -113,6 +128,12 @@ class _Side:
 
     def count(self, status: Status) -> str:
         return f"{len(self.with_status(status))}/{len(self.summaries)}"
+
+
+def _metric_of(summaries: list[ConfigSummary]) -> Metric:
+    """What the runs were judged by: the first that says (accuracy for runs before it)."""
+    named = [summary.metric for summary in summaries if summary.metric]
+    return METRICS[named[0] if named else "accuracy"]
 
 
 def _sides(result: SweepResult, records: list[RunRecord]) -> tuple[_Side, _Side]:
@@ -151,12 +172,12 @@ def _cost(ones: _Side, many: _Side, recipe: Recipe) -> tuple[float | None, str]:
 def _all_diverged(ones: _Side, many: _Side, recipe: Recipe) -> str:
     """The verdict when every recipe run diverged: no difference, the probe's advice."""
     both = ""
-    if not ones.accuracies and ones.with_status(Status.DIVERGED):
+    if not ones.scores and ones.with_status(Status.DIVERGED):
         both = f", and {ones.count(Status.DIVERGED)} 1-tower runs too"
     return (
         f"every recipe run diverged ({many.count(Status.DIVERGED)} at "
-        f"{many.summaries[0].towers * many.summaries[0].workers} towers{both}): no accuracy to "
-        f"compare; the probe's advice: {recipe.if_diverged}"
+        f"{many.summaries[0].towers * many.summaries[0].workers} towers{both}): no "
+        f"{_metric_of(many.summaries).label} to compare; the probe's advice: {recipe.if_diverged}"
     )
 
 
@@ -168,7 +189,7 @@ def verify_outcome(
 ) -> Verification:
     """The verdict on the verification sweep `result` of `recipe`; `records` (read back from
     MLflow: curves, steps) add the reference's convergence check and the measured steps;
-    `margin` is report.margin (None: 1 pp, advise judging by accuracy)."""
+    `margin` is report.margin (None: the metric's default, Metric.default_margin)."""
     ones, many = _sides(result, records or [])
     ratio, cost = _cost(ones, many, recipe)
     prediction = recipe.prediction
@@ -181,13 +202,13 @@ def verify_outcome(
         "measured_steps": many.mean_steps(),
         "measured_seconds": many.mean_seconds(),
     }
-    empty = {"difference_pp": None, "ci_low_pp": None, "ci_high_pp": None}
+    empty = {"metric": _metric_of(result.configs).name}
     diverged = many.with_status(Status.DIVERGED)
-    if diverged and not many.accuracies:
+    if diverged and not many.scores:
         verdict = _all_diverged(ones, many, recipe)
         return Verification(**base, **empty, outcome="diverged", verdict=verdict)
-    if not ones.accuracies or not many.accuracies:
-        missing = "1-tower" if not ones.accuracies else "recipe"
+    if not ones.scores or not many.scores:
+        missing = "1-tower" if not ones.scores else "recipe"
         why = (
             f" ({ones.count(Status.DIVERGED)} diverged)"
             if ones.with_status(Status.DIVERGED)
@@ -197,17 +218,26 @@ def verify_outcome(
             f"no verdict: no {missing} run finished{why}, no difference stated (see the report)"
         )
         return Verification(**base, **empty, outcome="none", verdict=verdict)
-    margin = CLOSE_ENOUGH if margin is None else margin
-    return _compared(ones, many, recipe, margin, base, cost)
+    metric = _metric_of(result.configs)
+    if margin is None:
+        margin = metric.default_margin(sum(ones.scores) / len(ones.scores))
+    return _compared(ones, many, recipe, (margin, metric), base, cost)
 
 
 def _compared(
-    ones: _Side, many: _Side, recipe: Recipe, margin: float, base: dict, cost: str
+    ones: _Side,
+    many: _Side,
+    recipe: Recipe,
+    judged: tuple[float, Metric],
+    base: dict,
+    cost: str,
 ) -> Verification:
-    """The verdict when both sides have finished runs (the differences of those only)."""
-    decision = non_inferiority(many.accuracies, ones.accuracies, margin)
+    """The verdict when both sides have finished runs (the differences of those only), by
+    `judged`'s metric against its margin."""
+    margin, metric = judged
+    decision = non_inferiority(many.scores, ones.scores, margin, metric)
     curves = [record.curve for record in ones.completed_records()]
-    reference = convergence(curves, margin) if curves else None
+    reference = convergence(curves, margin, metric) if curves else None
     text = judgement(decision, reference)
     if ones.with_status(Status.DIVERGED):
         text += f" (1-tower runs diverged: {ones.count(Status.DIVERGED)}, left out)"
@@ -229,17 +259,26 @@ def _compared(
     else:
         outcome = "missed"
         verdict = f"the recipe {text}; next thing to try: {next_to_try(recipe)}; {cost}"
-    difference = decision.difference
     return Verification(
         **base,
-        difference_pp=100 * difference.difference,
-        ci_low_pp=None if difference.ci_low is None else 100 * difference.ci_low,
-        ci_high_pp=None if difference.ci_high is None else 100 * difference.ci_high,
+        **_differences(decision.difference, metric),
         outcome=outcome,
         verdict=verdict,
         seeds_needed=decision.seeds_needed,
         reference_converged=None if reference is None else reference.converged,
     )
+
+
+def _differences(difference: Difference, metric: Metric) -> dict[str, Any]:
+    """Verification's differences in the metric's values (and in pp for a share)."""
+    ends = [end for end in (difference.ci_low, difference.ci_high) if end is not None]
+    low, high = sorted(metric.value(end) for end in ends) if ends else (None, None)
+    values = {"difference": metric.value(difference.difference), "ci_low": low, "ci_high": high}
+    if metric.share:
+        values |= {
+            f"{key}_pp": None if value is None else 100 * value for key, value in values.items()
+        }
+    return {"metric": metric.name, **values}
 
 
 def verification_records(tracking: TrackingConfig, result: SweepResult) -> list[RunRecord]:
