@@ -24,19 +24,29 @@ def _verdict_lines(text: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["tabular.py", "sequences.py"])
-def test_example_script_sweeps_and_prints_its_verdict(tmp_path, script):
+@pytest.mark.parametrize(
+    ("script", "metric", "units"),
+    [
+        ("tabular.py", "accuracy", " pp"),
+        ("sequences.py", "accuracy", " pp"),
+        ("regression.py", "MAE", ""),  # lower is better, in the targets' units
+        ("multilabel.py", "binary accuracy", " pp"),
+    ],
+)
+def test_example_script_sweeps_and_prints_its_verdict(tmp_path, script, metric, units):
     shutil.copy(EXAMPLES / script, tmp_path / script)
     env = user_environment()
     done = subprocess.run(
         [sys.executable, script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count(" completed: test accuracy ") == 4, done.stdout  # as each ends
+    assert done.stdout.count(f" completed: test {metric} ") == 4, done.stdout  # as each ends
     (verdict,) = _verdict_lines(done.stdout)
-    assert "pp" in verdict or "diverged" in verdict
-    report = done.stdout.strip().splitlines()[-1].removeprefix("Report: ")
-    assert Path(report).is_file()
+    assert re.search(rf"Δ [−+][\d.e-]+{units}, 95% CI \[", verdict) or "diverged" in verdict
+    report = Path(done.stdout.strip().splitlines()[-1].removeprefix("Report: "))
+    assert f"| test {metric} |" in report.read_text()
+    if metric == "MAE":  # a regression's output and report never say accuracy
+        assert "accuracy" not in (done.stdout + report.read_text()).lower()
     assert not QUIET_BREACHES.search(done.stderr), done.stderr  # a warning may stay
 
 
