@@ -15,6 +15,7 @@ import numpy as np
 
 from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import Status
+from towerbench.core.tfrecord_format import LabelKind
 
 # Field metadata: how a final metric is logged to MLflow (fields without it are not logged from
 # here: `global_batch` is already a config param, `unstable` is a tag).
@@ -193,3 +194,4 @@ class TrainResult:
     confusion_matrix: np.ndarray | None  # [classes, classes], rows = true class; accuracy only
     classes: list[str]
     model: Any = field(repr=False)  # keras.Model with the final raw weights
+    labels: LabelKind = "class_ids"  # what the dataset's labels are (its manifest's)

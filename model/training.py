@@ -458,6 +458,7 @@ def _finish(run: _Run) -> TrainResult:
         confusion_matrix=run.evaluation.confusion,
         classes=list(run.manifest.classes),
         model=run.network.model,
+        labels=run.manifest.labels,
     )
 
 

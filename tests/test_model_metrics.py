@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
+from mlflow.tracking import MlflowClient
 
 from towerbench.cli.main import main
 from towerbench.ingest.arrays import save_arrays
@@ -86,6 +88,15 @@ def test_train_reports_a_task_by_its_own_metric(
         assert result["test_metric"] > 0.8  # all-zero logits score about 0.5
 
 
+OWN_SQUARED_ERROR = """
+import keras
+
+
+def squared(y_true, y_pred):
+    return keras.ops.mean(keras.ops.square(y_pred - y_true), axis=-1)
+"""
+
+
 def _regression_project(folder, monkeypatch) -> None:
     """The regression arrays preprocessed as dataset `task`, and net.py, in `folder` (the cwd)."""
     monkeypatch.chdir(folder)
@@ -100,9 +111,11 @@ def test_a_regression_sweep_is_judged_in_mae_and_its_report_never_says_accuracy(
     tmp_path, capfd, monkeypatch
 ):
     _regression_project(tmp_path, monkeypatch)
+    (tmp_path / "own.py").write_text(OWN_SQUARED_ERROR)  # on label rows, as mse
     capfd.readouterr()
     status = main(
-        ["sweep", "--dataset", "task", "--model", "net.py:build", "--loss", "mse"]
+        ["sweep", "--dataset", "task", "--model", "net.py:build", "--loss", "own.py:squared"]
+        + ["--metric", "mae"]
         + ["--towers", "1,2", "--seeds", "0,1", "--epochs", "3", "--global-batch", "32"]
         + ["--base-lr", "0.5", "--json"]
     )
@@ -125,6 +138,13 @@ def test_a_regression_sweep_is_judged_in_mae_and_its_report_never_says_accuracy(
     report = (tmp_path / result["report"]).read_text()
     assert "accuracy" not in report.lower()
     assert "## MAE" in report and "| test MAE |" in report
+    # The 2-tower runs' gradcheck took your loss on the dataset's label rows, and agreed.
+    client = MlflowClient()  # the store the sweep used (MLFLOW_TRACKING_URI)
+    for config in result["configs"]:
+        if config["towers"] == 2:
+            path = client.download_artifacts(config["run_id"], "gradcheck.json", str(tmp_path))
+            check = json.loads(Path(path).read_text())
+            assert check["loss"].endswith("/own.py:squared") and check["passed"], check
 
 
 @pytest.mark.slow

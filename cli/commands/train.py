@@ -125,7 +125,7 @@ class _Progress:
         noise_text = "" if noise is None or math.isnan(noise) else f"  B_noise {noise:.0f}"
         print(
             f"epoch {record.epoch:6.2f}  step {record.step:6d}  "
-            f"cross-entropy {record.cross_entropy:.4f}  weight decay "
+            f"loss {record.cross_entropy:.4f}  weight decay "
             f"{record.weight_decay_loss:.4f}  total {record.total_loss:.4f}  "
             f"{_train_accuracy(record.train_accuracy, 4).lstrip()}{tested}  "
             f"{record.images_per_sec:.0f} img/s  lr {record.lr:.4g}{noise_text}"

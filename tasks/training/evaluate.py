@@ -18,7 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import numpy as np  # noqa: E402
 
-from towerbench.core.outcome import Status
+from towerbench.config.metrics import METRICS  # noqa: E402
+from towerbench.core.outcome import Status  # noqa: E402
 from towerbench.model.records import EpochRecord  # noqa: E402
 from towerbench.tasks.tracking import dataset_input  # noqa: E402
 
@@ -30,17 +31,20 @@ def log_data_input(data_dir: Path, dataset: str, data_version: str) -> None:
     mlflow.log_input(dataset_input(data_dir, dataset, data_version), context="training")
 
 
-def learning_curves_figure(history: list[EpochRecord]) -> plt.Figure:
-    """Accuracy and loss per epoch."""
+def learning_curves_figure(history: list[EpochRecord], metric: str = "accuracy") -> plt.Figure:
+    """The test metric (train.metric as resolved; with accuracy the training accuracy too) and
+    the loss per epoch."""
     epochs = [record.epoch for record in history]
-    figure, (accuracy_axis, loss_axis) = plt.subplots(1, 2, figsize=(10, 4))
-    for key in ("train_accuracy", "test_accuracy", "ema_test_accuracy"):
-        accuracy_axis.plot(epochs, [getattr(record, key) for record in history], label=key)
+    figure, (metric_axis, loss_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    keys = ("train_accuracy",) if metric == "accuracy" else ()
+    for key in (*keys, "test_metric", "ema_test_metric"):
+        metric_axis.plot(epochs, [getattr(record, key) for record in history], label=key)
     for key in ("cross_entropy", "weight_decay_loss", "total_loss"):
         loss_axis.plot(epochs, [getattr(record, key) for record in history], label=key)
-    accuracy_axis.set(xlabel="epoch", ylabel="accuracy", title="Accuracy")
+    label = METRICS[metric].label
+    metric_axis.set(xlabel="epoch", ylabel=label, title=f"Test {label}")
     loss_axis.set(xlabel="epoch", ylabel="loss", title="Loss (mean over all towers)")
-    accuracy_axis.legend()
+    metric_axis.legend()
     loss_axis.legend()
     figure.tight_layout()
     return figure
@@ -76,7 +80,8 @@ def log_evaluation(result: Any) -> None:
     from towerbench.model.gradcheck import run_gradcheck
 
     config = result.config
-    mlflow.log_figure(learning_curves_figure(result.history), "learning_curves.png")
+    figure = learning_curves_figure(result.history, result.final.metric)
+    mlflow.log_figure(figure, "learning_curves.png")
     plt.close("all")
     if result.status != Status.COMPLETED:
         return
@@ -107,6 +112,7 @@ def log_evaluation(result: Any) -> None:
             num_classes=len(result.classes),
             integer_inputs="int" in str(spec.dtype),
             loss=config.loss,
+            labels=result.labels,
         )
         if check is not None:  # None on a worker other than the chief
             mlflow.log_dict(check.to_json(), "gradcheck.json")
