@@ -82,7 +82,8 @@ RUNS_VIEW = {
     "selectedColumns": [
         *(f"params.`{name}`" for name in ("towers", "workers", "lr_scaling", "warmup_epochs")),
         *(f"params.`{name}`" for name in ("aggregation", "seed", "global_batch")),
-        *(f"metrics.`{name}`" for name in ("test_accuracy", "images_per_sec")),
+        "params.`effective.metric`",  # what test_metric is: accuracy, mae, ...
+        *(f"metrics.`{name}`" for name in ("test_metric", "images_per_sec")),
     ]
 }
 RUNS_LINK = f"{TRAINING_VIEW}&viewStateShareKey={RUNS_VIEW_KEY}"

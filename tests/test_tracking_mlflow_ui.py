@@ -80,8 +80,9 @@ def test_the_runs_link_opens_the_columns_a_sweep_compares(tmp_path) -> None:
     )
     view = json.loads(client.get_experiment(created).tags["mlflow.sharedViewState.towerbench"])
     columns = [column.split("`")[1] for column in view["selectedColumns"]]
-    assert {"towers", "lr_scaling", "seed", "test_accuracy"} <= set(columns)
-    assert set(columns) <= set(TrainConfig.model_fields) | {"test_accuracy", "images_per_sec"}
+    assert {"towers", "lr_scaling", "seed", "effective.metric", "test_metric"} <= set(columns)
+    results = {"effective.metric", "test_metric", "images_per_sec"}
+    assert set(columns) <= set(TrainConfig.model_fields) | results
     client.set_experiment_tag(created, "mlflow.sharedViewState.towerbench", "{}")  # re-saved
     ensure_experiment(tracking, "towerbench-digits-tutorial")
     assert client.get_experiment(created).tags["mlflow.sharedViewState.towerbench"] == "{}"
