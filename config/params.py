@@ -218,9 +218,9 @@ class ReportConfig(StrictModel):
     target_accuracy: float | None = Field(
         None,
         gt=0,
-        le=1,
-        description="The test metric's value (accuracy by default; a share: 0.8 = 80%) for "
-        "time-to-target; default: 95% of the worst 1-tower mean (105% of an error's, MAE/RMSE).",
+        description="The test metric's value for time-to-target, in its own units (accuracy by "
+        "default, a fraction: 0.8 = 80%; MAE in the labels' units); default: 95% of the worst "
+        "1-tower mean (105% of an error's, MAE/RMSE).",
     )
     report_dir: Path = Field(Path("reports"), description="Folder the markdown reports go to.")
     margin: float | None = Field(

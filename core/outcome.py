@@ -9,19 +9,10 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.metrics import METRICS
 
 if TYPE_CHECKING:
     import pandas  # type: ignore[import-untyped]  # no stubs installed
-
-# How prose names each metric a run can be judged by: config.metrics.METRICS's labels, kept here
-# because core/ imports nothing above it (tests/test_outcome.py holds the two together).
-METRIC_LABELS = {
-    "accuracy": "accuracy",
-    "binary_accuracy": "binary accuracy",
-    "auc": "AUC",
-    "mae": "MAE",
-    "rmse": "RMSE",
-}
 
 
 class Status(StrEnum):
@@ -65,7 +56,7 @@ class Outcome(BaseModel):
         value; accuracy for runs recorded before they named their metric."""
         if self.metric is None:
             return "accuracy", self.test_accuracy
-        return METRIC_LABELS.get(self.metric, self.metric), self.test_metric
+        return METRICS[self.metric].label, self.test_metric
 
 
 class ConfigSummary(Outcome):

@@ -47,6 +47,7 @@ from towerbench.core.dataset_lock import datasets_read
 from towerbench.core.outcome import ConfigSummary, NothingTrained, Outcome, Status, SweepResult
 from towerbench.flows.run_names import sweep_run_name
 from towerbench.flows.ui_lines import log_for_the_ui
+from towerbench.model.training_data import judged_metric
 from towerbench.tasks.data.check import manifest_digest
 from towerbench.tasks.report import make_report, read_verdicts
 from towerbench.tasks.sweep_lock import (
@@ -98,6 +99,7 @@ class SweepPlan:
     data_dir: Path
     parts: dict[str, Any]  # the key's parts, to name which one changed
     budget: tuple[str, float | None] = ("epochs", None)  # the sweep's budget and noise scale
+    metric: str = "accuracy"  # what every run is judged by (train.metric, resolved)
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,9 @@ def plan_sweep(
     kind: FlowKind,
 ) -> SweepPlan:
     """Each dataset's version (`data_version` for the main one when given, else its manifest's
-    digest) and the resume key of `configs` on those versions."""
+    digest), the resume key of `configs` on those versions, and the one metric they are judged
+    by (two are refused before anything trains)."""
+    metric = judged_metric(configs, data_dir)
     datasets = dict.fromkeys([train.dataset, *(config.dataset for config in configs)])
     versions = {
         dataset: (data_version if dataset == train.dataset and data_version else None)
@@ -146,7 +150,7 @@ def plan_sweep(
     key = sweep_key(configs, list(versions.values()), kind)
     parts = sweep_parts(configs, versions)
     budget = (sweep.budget, sweep.noise_scale)
-    return SweepPlan(configs, swept_fields(sweep), versions, key, data_dir, parts, budget)
+    return SweepPlan(configs, swept_fields(sweep), versions, key, data_dir, parts, budget, metric)
 
 
 def open_sweep(
@@ -236,7 +240,7 @@ def open_config_run(plan: SweepPlan, run: SweepRun, job: Pending) -> WorkerReque
             job.name,
             group,
             version,
-            extra=budget_params(job.config, *plan.budget),
+            extra=budget_params(job.config, *plan.budget) | {"effective.metric": plan.metric},
         )
     return WorkerRequest(
         config=job.config,

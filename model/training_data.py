@@ -161,19 +161,32 @@ def load_training_data(
     return manifest, split_files(folder, manifest, "train"), split_files(folder, manifest, "test")
 
 
-def check_training_data(configs: Iterable[TrainConfig], data_dir: Path) -> None:
-    """What a run checks before it starts (before TensorFlow loads): each configuration's
-    dataset is there and suits it, all are judged by one metric (a sweep's report compares
-    one), and every shard has its manifest's sha256 (each dataset is hashed once)."""
-    verified: set[str] = set()
+def judged_metric(configs: Iterable[TrainConfig], data_dir: Path) -> str:
+    """The metric every configuration is judged by (train.metric resolved on its dataset's
+    labels); two metrics are refused in one line (a sweep's report compares one)."""
     judged: dict[str, TrainConfig] = {}
     for config in configs:
+        labels = load_manifest(dataset_dir(data_dir, config.dataset)).labels
+        try:
+            metric = resolved_metric(config.metric, config.loss, labels)
+        except ValueError as error:
+            raise TowerbenchError(str(error)) from None
+        judged.setdefault(metric, config)
+    _refuse_two_metrics(judged)
+    return next(iter(judged), "accuracy")
+
+
+def check_training_data(configs: Iterable[TrainConfig], data_dir: Path) -> None:
+    """What a run checks before it starts (before TensorFlow loads): each configuration's
+    dataset is there and suits it, all are judged by one metric (judged_metric), and every
+    shard has its manifest's sha256 (each dataset is hashed once)."""
+    verified: set[str] = set()
+    for config in (configs := list(configs)):
         manifest, _, _ = load_training_data(config, data_dir)
-        judged.setdefault(resolved_metric(config.metric, config.loss, manifest.labels), config)
         if config.dataset not in verified:
             verify_shards(dataset_dir(data_dir, config.dataset), manifest)
             verified.add(config.dataset)
-    _refuse_two_metrics(judged)
+    judged_metric(configs, data_dir)
 
 
 def _tensorflow_detail(error: Exception) -> str:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from towerbench.config.metrics import METRICS
-from towerbench.core.outcome import METRIC_LABELS, ConfigSummary, Status, SweepResult
+from towerbench.core.outcome import ConfigSummary, Status, SweepResult
 
 
 def _completed(index: int, **fields: object) -> ConfigSummary:
@@ -18,10 +17,6 @@ def _completed(index: int, **fields: object) -> ConfigSummary:
             **fields,
         }
     )
-
-
-def test_core_names_the_metrics_as_config_does() -> None:
-    assert METRIC_LABELS == {name: metric.label for name, metric in METRICS.items()}
 
 
 def test_the_summary_names_each_run_s_metric() -> None:

@@ -8,15 +8,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mlflow.entities import Param, Run, RunData, RunInfo
 from scipy import stats
 
 from towerbench.config.grid import canonical, group_name, run_name
-from towerbench.config.metrics import METRICS
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.metrics import METRICS
 from towerbench.core.outcome import Status
 from towerbench.tasks.report.figures import report_figures
 from towerbench.tasks.report.publish import summary_metrics
+from towerbench.tasks.report.reading import judged_by
 from towerbench.tasks.report.render import ReportHeader, nightly_section, render_report
 from towerbench.tasks.report.statistics import Curve, RunRecord
 from towerbench.tasks.report.verdicts import compare
@@ -120,5 +122,32 @@ def test_a_sweep_judged_by_two_metrics_is_refused_in_one_line() -> None:
     records = _sweep([0.23]) + [dataclasses.replace(_record(2, 0, 0.2, "rmse"))]
     with pytest.raises(TowerbenchError) as raised:
         compare(records, [], None)
-    assert str(raised.value).startswith("the sweep's runs are judged by mae and rmse")
+    assert str(raised.value).startswith("the runs compared are judged by mae and rmse")
     assert "\n" not in str(raised.value)
+
+
+def _run(metric: str | None) -> Run:
+    info = RunInfo("r", "0", "u", "FAILED", 0, None, "active")
+    return Run(info, RunData(params=[Param("effective.metric", metric)] if metric else []))
+
+
+def test_a_run_that_states_no_metric_is_judged_by_its_sweep_s() -> None:
+    # A run that failed before training states what its sweep opened it with; older runs none.
+    assert judged_by([_run("mae"), _run(None)]) == MAE
+    assert judged_by([_run(None)]).name == "accuracy"
+    with pytest.raises(TowerbenchError, match=r"^the sweep's runs are judged by mae and rmse: "):
+        judged_by([_run("mae"), _run("rmse")])
+
+
+def test_a_fraction_s_margin_or_target_of_one_is_refused_and_an_error_s_is_its_units() -> None:
+    accuracy = [dataclasses.replace(r, metric=METRICS["accuracy"]) for r in _sweep([0.23])]
+    with pytest.raises(TowerbenchError, match=r"^report.margin 1: accuracy is judged as a frac"):
+        compare(accuracy, [], None, 1.0)
+    rows, _ = compare(_sweep([0.23]), [], None, 12.5)  # MAE in the labels' units: taken
+    assert all(row.margin == 12.5 for row in rows)
+    # Never exponent notation for an error in large units.
+    assert (MAE.shown(-123456.7), MAE.change(-1234.5), MAE.bound(0.00202)) == (
+        "123500",
+        "+1200",
+        "+0.00202",
+    )

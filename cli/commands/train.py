@@ -18,11 +18,11 @@ from towerbench.cli.options import (
     overrides_from_args,
 )
 from towerbench.config.load import Override, load
-from towerbench.config.metrics import METRICS
 from towerbench.config.model_ref import parse_model
 from towerbench.config.optimizers import OPTIMIZERS
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.core.dataset_lock import datasets_read
+from towerbench.core.metrics import METRICS
 from towerbench.core.native_logs import import_tensorflow
 from towerbench.core.outcome import Status
 from towerbench.model.cluster import TF_CONFIG, Cluster

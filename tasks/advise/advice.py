@@ -20,13 +20,13 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.context import FlowRunContext
 from pydantic import BaseModel
 
-from towerbench.config.metrics import METRICS
 from towerbench.config.params import Params, SweepGrid
 from towerbench.config.recipe_file import Choice, recipe_file_text
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.files import write_atomically
 from towerbench.core.markdown import markdown_table
+from towerbench.core.metrics import METRICS
 from towerbench.core.tfrecord_format import dataset_dir
 from towerbench.model.probe import ProbeResult
 from towerbench.tasks.advise.recipe import Measurements, Recipe

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, computed_field
 
-from towerbench.config.metrics import METRICS, Metric
 from towerbench.config.params import TrackingConfig
+from towerbench.core.metrics import METRICS, Metric
 from towerbench.core.outcome import ConfigSummary, Status, SweepResult
 from towerbench.tasks.advise.recipe import Recipe
 from towerbench.tasks.report.reading import sweep_parent, sweep_records
@@ -221,6 +221,7 @@ def verify_outcome(
     metric = _metric_of(result.configs)
     if margin is None:
         margin = metric.default_margin(sum(ones.scores) / len(ones.scores))
+    metric.check_bounded(margin, "report.margin")
     return _compared(ones, many, recipe, (margin, metric), base, cost)
 
 

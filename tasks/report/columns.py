@@ -6,19 +6,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from towerbench.config.metrics import Metric
 from towerbench.config.model_ref import model_label, parse_model
 from towerbench.config.optimizers import DECOUPLED_WEIGHT_DECAY, adascale_power
 from towerbench.core.markdown import markdown_table
+from towerbench.core.metrics import Metric
 from towerbench.core.outcome import Status
 from towerbench.model.noise_advice import epochs_needed
 from towerbench.tasks.report.statistics import GroupRow
 
 Column = tuple[str, Callable[[GroupRow], str]]
-
-
-def pct(value: float | None, digits: int = 1) -> str:
-    return "—" if value is None or not math.isfinite(value) else f"{100 * value:.{digits}f}%"
 
 
 def number(value: float | None, pattern: str) -> str:

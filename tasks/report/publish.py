@@ -113,7 +113,14 @@ def _nightly(client: MlflowClient, parent: Run, rows: list[GroupRow]) -> str | N
     if previous is None:
         return "No earlier finished nightly sweep in this experiment to compare with."
     swept = swept_besides_axes(previous)
-    before = {row.group: row for row in compare(sweep_records(client, previous), swept, None)[0]}
+    earlier = sweep_records(client, previous)
+    was, now = sweep_metric(earlier), sweep_metric([run for row in rows for run in row.runs])
+    if was != now:
+        return (
+            f"The previous nightly sweep, run `{previous.info.run_id}`, was judged by "
+            f"{was.label}, this one by {now.label}: not compared."
+        )
+    before = {row.group: row for row in compare(earlier, swept, None)[0]}
     same_data = previous.data.params.get("data_version") == parent.data.params.get("data_version")
     return nightly_section(previous.info.run_id, same_data, rows, before)
 
@@ -147,9 +154,10 @@ def write_report(
         say(partial)
     records = sweep_records(client, parent)
     swept = swept_besides_axes(parent)
-    target = report.target_accuracy
+    target, metric = report.target_accuracy, sweep_metric(records)
     if target is not None:
-        target = sweep_metric(records).score(target)
+        metric.check_bounded(target, "report.target_accuracy", up_to_one=True)
+        target = metric.score(target)
     rows, target = compare(records, swept, target, report.margin)
     header = ReportHeader(
         title=parent.info.run_name,

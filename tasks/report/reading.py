@@ -6,9 +6,9 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from towerbench.config.metrics import METRICS, Metric
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.metrics import METRICS, Metric
 from towerbench.core.outcome import Status
 from towerbench.model.noise_advice import advising_noise_scale
 from towerbench.model.records import LOSS_METRICS
@@ -86,9 +86,17 @@ def _untagged_status(run: Run) -> Status:
     return Status.FAILED if run.info.status == "FAILED" else Status.RUNNING
 
 
-def run_metric(run: Run) -> Metric:
-    """What a run is judged by (accuracy for runs logged before train.metric)."""
-    return METRICS[run.data.params.get("effective.metric", "accuracy")]
+def judged_by(runs: list[Run]) -> Metric:
+    """The metric a sweep's runs are judged by, as they state it (MLflow param
+    `effective.metric`, logged as each run opens); accuracy when none does (runs logged before
+    train.metric). Two are refused in one line: a report compares one."""
+    stated = sorted({name for run in runs if (name := run.data.params.get("effective.metric"))})
+    if len(stated) > 1:
+        raise TowerbenchError(
+            f"the sweep's runs are judged by {' and '.join(stated)}: a report compares one "
+            "metric; sweep losses judged by one metric (train.metric) at a time"
+        )
+    return METRICS[stated[0] if stated else "accuracy"]
 
 
 def _final_score(run: Run, metric: Metric) -> float | None:
@@ -97,9 +105,10 @@ def _final_score(run: Run, metric: Metric) -> float | None:
     return None if value is None else metric.score(value)
 
 
-def run_record(client: MlflowClient, run: Run) -> RunRecord:
+def run_record(client: MlflowClient, run: Run, metric: Metric | None = None) -> RunRecord:
+    """One run as the report reads it, judged by `metric` (default: what it states)."""
     tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
-    metric = run_metric(run)
+    metric = metric or judged_by([run])
     curve, loss_curves, noise_curves, bn_curves = _curves(client, run.info.run_id, metric)
     return RunRecord(
         run_id=run.info.run_id,
@@ -148,7 +157,8 @@ def sweep_records(client: MlflowClient, parent: Run) -> list[RunRecord]:
         order_by=["attributes.start_time ASC"],
         max_results=5000,
     )
-    return [run_record(client, run) for run in children]
+    metric = judged_by(children)  # a run that failed before it started states none
+    return [run_record(client, run, metric) for run in children]
 
 
 def previous_nightly(client: MlflowClient, parent: Run) -> Run | None:

@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass
 
 from towerbench.config.losses import FROM_LOGITS
-from towerbench.config.metrics import Metric
 from towerbench.config.optimizers import DECOUPLED_WEIGHT_DECAY
 from towerbench.core.markdown import markdown_table
+from towerbench.core.metrics import Metric
 from towerbench.tasks.report.batch_norm import lag_section
 from towerbench.tasks.report.columns import (
     ADASCALE_COLUMNS,

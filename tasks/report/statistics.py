@@ -14,9 +14,9 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
-from towerbench.config.metrics import METRICS, Metric
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.metrics import METRICS, Metric
 from towerbench.core.outcome import Status
 
 ACCURACY = METRICS["accuracy"]
@@ -68,7 +68,7 @@ def welch(sample: list[float], baseline: list[float], confidence: float = 0.95) 
     return Difference(difference, difference - half_width, difference + half_width, float(p_value))
 
 
-CLOSE_ENOUGH = 0.01  # 1 percentage point of accuracy: advise's margin (report.margin)
+CLOSE_ENOUGH = 0.01  # 1 percentage point of accuracy: non_inferiority's default margin
 MOST_SEEDS = 100  # beyond this many seeds a side, "inconclusive" says "more than 100"
 # What passing the last-quarter check does not show, as measured (docs/findings.md, the fastest
 # recipe: a 24-epoch reference that passed it, and the same at 48 epochs).
@@ -500,13 +500,13 @@ def budget_reason(config: TrainConfig, baseline: TrainConfig) -> str:
     )
 
 
-def _compare_with(row: GroupRow, baseline: GroupRow, margin: float) -> None:
+def _compare_with(row: GroupRow, baseline: GroupRow, margin: float | None) -> None:
     """Fill in `row`'s difference and non-inferiority decision, speedup, scaling efficiency,
     budget (its configured epochs over the baseline's) and examples seen (its epochs trained over
     the baseline's) against `baseline`."""
     sample, reference = _finals(row.runs), _finals(baseline.runs)
     row.margin = margin
-    if sample and reference:
+    if sample and reference and margin is not None:
         row.decision = non_inferiority(sample, reference, margin, row.metric)
         row.difference = row.decision.difference
     row.epochs_factor = row.config.epochs / baseline.config.epochs
@@ -522,13 +522,10 @@ def _compare_with(row: GroupRow, baseline: GroupRow, margin: float) -> None:
 
 
 def sweep_metric(runs: list[RunRecord]) -> Metric:
-    """The one metric a sweep's runs are judged by; one line when they are judged by two."""
+    """The one metric a sweep's runs are judged by (reading.judged_by gave them one)."""
     names = sorted({run.metric.name for run in runs})
     if len(names) > 1:
-        raise TowerbenchError(
-            f"the sweep's runs are judged by {' and '.join(names)}: a report compares one "
-            "metric; sweep losses judged by one metric (train.metric) at a time"
-        )
+        raise TowerbenchError(f"the runs compared are judged by {' and '.join(names)}")
     return runs[0].metric if runs else ACCURACY
 
 
@@ -538,12 +535,14 @@ def default_target(baseline_means: list[float]) -> float | None:
     return min(means) - 0.05 * abs(min(means)) if means else None
 
 
-def _margin(margin: float | None, baseline: GroupRow) -> float:
-    """report.margin, or the metric's default at the baseline's mean (Metric.default_margin)."""
+def _margin(margin: float | None, baseline: GroupRow) -> float | None:
+    """report.margin, or the metric's default at the baseline's mean (Metric.default_margin;
+    None while no baseline seed finished)."""
     if margin is not None:
+        baseline.metric.check_bounded(margin, "report.margin")
         return margin
     mean = baseline.score.mean
-    return baseline.metric.default_margin(mean if math.isfinite(mean) else 0.0)
+    return baseline.metric.default_margin(mean) if math.isfinite(mean) else None
 
 
 def group_rows(
@@ -571,7 +570,8 @@ def group_rows(
         if row.is_baseline:
             row.margin = _margin(margin, row)
             completed = [run.curve for run in row.runs if run.status == Status.COMPLETED]
-            row.convergence = convergence(completed, row.margin, metric)
+            if row.margin is not None:
+                row.convergence = convergence(completed, row.margin, metric)
         elif baseline is not None:
             _compare_with(row, baseline, _margin(margin, baseline))
     return list(rows.values()), target

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import numpy as np  # noqa: E402
 
-from towerbench.config.metrics import METRICS  # noqa: E402
+from towerbench.core.metrics import METRICS  # noqa: E402
 from towerbench.core.outcome import Status  # noqa: E402
 from towerbench.model.records import EpochRecord  # noqa: E402
 from towerbench.tasks.tracking import dataset_input  # noqa: E402

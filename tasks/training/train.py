@@ -22,10 +22,11 @@ from prefect import get_run_logger, task
 from prefect.artifacts import update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from towerbench.config.metrics import METRICS, resolved_metric
+from towerbench.config.metrics import resolved_metric
 from towerbench.config.params import TrackingConfig
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
+from towerbench.core.metrics import METRICS
 from towerbench.core.outcome import Outcome, Status
 from towerbench.core.processes import stop
 from towerbench.core.tfrecord_format import dataset_dir, load_manifest
