@@ -101,16 +101,33 @@ def load_params(
     return load(path, overrides, resolve_tracking=resolve_tracking)
 
 
+def _functions(value: Any) -> list[Any]:
+    """The Python functions in a keyword's value: itself, or those of a swept list."""
+    values = value if isinstance(value, list | tuple) else [value]
+    return [item for item in values if callable(item)]
+
+
 def given_functions(overrides: list[Override]) -> list[Override]:
-    """The keywords given a Python function rather than a value (loss=)."""
-    return [override for override in overrides if callable(override.value)]
+    """The keywords given a Python function rather than a value (loss=, or a swept list
+    holding one: loss=[mine, "mse"])."""
+    return [override for override in overrides if _functions(override.value)]
 
 
 def function_overrides(overrides: list[Override], data_dir: Path) -> list[Override]:
-    """`overrides` with a function given as loss= made the loss file that imports it."""
+    """`overrides` with each function given as loss= (alone or in a swept list) made the loss
+    file that imports it."""
+
+    def written(value: Any) -> Any:
+        return function_file(value, data_dir, LOSS) if callable(value) else value
+
     return [
-        replace(override, value=function_file(override.value, data_dir, LOSS))
-        if callable(override.value)
+        replace(
+            override,
+            value=[written(item) for item in override.value]
+            if isinstance(override.value, list | tuple)
+            else written(override.value),
+        )
+        if _functions(override.value)
         else override
         for override in overrides
     ]

@@ -52,6 +52,15 @@ FROM_LOGITS: frozenset[str] = frozenset(
     {"sparse_categorical_crossentropy", "categorical_crossentropy", "binary_crossentropy"}
 )
 HUBER_DELTA = 1.0  # Keras' default
+# Keras' names of the built-in losses (a compiled model's `loss`), by train.loss's.
+KERAS_NAMES = {
+    "sparse_categorical_crossentropy": {"sparse_categorical_crossentropy"},
+    "categorical_crossentropy": {"categorical_crossentropy"},
+    "binary_crossentropy": {"binary_crossentropy"},
+    "mse": {"mse", "mean_squared_error"},
+    "mae": {"mae", "mean_absolute_error"},
+    "huber": {"huber", "huber_loss"},
+}
 
 
 def chance_loss(loss: str, width: int) -> float | None:

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from towerbench.config.losses import FROM_LOGITS, parse_loss
+from towerbench.config.losses import FROM_LOGITS, KERAS_NAMES, parse_loss
 from towerbench.config.model_ref import ModelReference, parse_model
 from towerbench.core.errors import TowerbenchError
 from towerbench.model.precision import Precision, layers_in
@@ -135,17 +135,6 @@ def _final_activation(model: keras.Model, probe: np.ndarray) -> str | None:
     return None
 
 
-# Keras' names of the built-in losses (a compiled model's `loss`), by train.loss's.
-_KERAS_NAMES = {
-    "sparse_categorical_crossentropy": {"sparse_categorical_crossentropy"},
-    "categorical_crossentropy": {"categorical_crossentropy"},
-    "binary_crossentropy": {"binary_crossentropy"},
-    "mse": {"mse", "mean_squared_error"},
-    "mae": {"mae", "mean_absolute_error"},
-    "huber": {"huber", "huber_loss"},
-}
-
-
 def _compiled_loss(model: keras.Model) -> str | None:
     """The name of the loss `model` was compiled with (a string, a function or a Loss), or
     None when it was not compiled with one."""
@@ -159,8 +148,8 @@ def _differs(compiled_loss: object, compiled: str, loss: str) -> bool:
     """Whether the compiled loss is another than train.loss: by Keras' names for a built-in;
     for the user's own, unless it is that function (or a copy of it: the same name and code,
     as a function passed from Python arrives)."""
-    if loss in _KERAS_NAMES:
-        return compiled not in _KERAS_NAMES[loss]
+    if loss in KERAS_NAMES:
+        return compiled not in KERAS_NAMES[loss]
     reference = parse_loss(loss)
     if reference is None:
         return True

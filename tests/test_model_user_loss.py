@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import fixtures_model
 import fixtures_user
@@ -132,6 +133,7 @@ def test_a_loss_file_beside_the_params_file_is_found_from_anywhere(tmp_path, cap
 
 SCRIPT = """
 import json
+from pathlib import Path
 import keras
 import numpy as np
 import towerbench
@@ -200,3 +202,20 @@ def test_the_probe_judges_a_regression_loss_by_nan_only():
     assert divergence(climbing, 1, "mse") is None  # no chance level to rise above
     assert divergence([*climbing, float("nan")], 1, "mse").startswith("the training loss was not")
     assert divergence([50.0] * 39, 10) is not None  # far above ln 10
+
+
+def test_a_swept_list_holding_a_python_loss_writes_its_file(tmp_path):
+    from towerbench.api.inputs import function_overrides, given_functions, train_overrides
+
+    cell: dict = {}  # a function defined in a notebook cell: no file to import it from
+    exec(
+        "import keras\n\ndef mine(y_true, y_pred):\n"
+        "    return keras.ops.mean(keras.ops.square(y_pred - y_true), axis=-1)\n",
+        cell,
+    )
+    overrides = train_overrides({"loss": [cell["mine"], "mse"]}, lists_to_grid=True)
+    assert given_functions(overrides) == overrides
+    (written,) = function_overrides(overrides, tmp_path)
+    reference, built_in = written.value
+    path, _ = reference.rsplit(":", 1)
+    assert built_in == "mse" and Path(path).parent == tmp_path / "models"
