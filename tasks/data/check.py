@@ -11,7 +11,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import tempfile
 from pathlib import Path
 
 from towerbench.core.errors import TowerbenchError
@@ -76,9 +75,11 @@ def _changed_outputs(stages: DataStages) -> list:
 
 def _pull(stages: DataStages) -> None:
     """`dvc pull` the stage's outputs unless the workspace already matches dvc.lock (one pull
-    per checkout at a time: two concurrent ones can each report success too early)."""
-    key = hashlib.md5(str(stages.project).encode()).hexdigest()[:12]
-    lock_path = Path(tempfile.gettempdir()) / f"towerbench-dvc-pull-{key}.lock"
+    per checkout at a time: two concurrent ones can each report success too early). The lock
+    file lives in the checkout's .dvc/tmp (DVC's own scratch folder, never committed), so it
+    goes with the checkout."""
+    lock_path = stages.project / ".dvc" / "tmp" / "towerbench-pull.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _changed_outputs(stages):
