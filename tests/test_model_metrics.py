@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -97,6 +99,20 @@ def squared(y_true, y_pred):
 """
 
 
+def _towerbench(argv: list[str], folder: Path) -> subprocess.CompletedProcess:
+    """A command that orchestrates with Prefect, run as a user runs it: in a process of its
+    own, whose temporary Prefect server ends with it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "towerbench.cli.main", *argv],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def _regression_project(folder, monkeypatch) -> None:
     """The regression arrays preprocessed as dataset `task`, and net.py, in `folder` (the cwd)."""
     monkeypatch.chdir(folder)
@@ -108,20 +124,18 @@ def _regression_project(folder, monkeypatch) -> None:
 
 @pytest.mark.slow
 def test_a_regression_sweep_is_judged_in_mae_and_its_report_never_says_accuracy(
-    tmp_path, capfd, monkeypatch
+    tmp_path, monkeypatch
 ):
     _regression_project(tmp_path, monkeypatch)
     (tmp_path / "own.py").write_text(OWN_SQUARED_ERROR)  # on label rows, as mse
-    capfd.readouterr()
-    status = main(
+    done = _towerbench(
         ["sweep", "--dataset", "task", "--model", "net.py:build", "--loss", "own.py:squared"]
         + ["--metric", "mae"]
         + ["--towers", "1,2", "--seeds", "0,1", "--epochs", "3", "--global-batch", "32"]
-        + ["--base-lr", "0.5", "--json"]
+        + ["--base-lr", "0.5", "--json"],
+        tmp_path,
     )
-    captured = capfd.readouterr()
-    assert status == 0, captured.err[-3000:]
-    result = json.loads(captured.out)
+    result = json.loads(done.stdout)
     assert {config["metric"] for config in result["configs"]} == {"mae"}
     assert all(config["test_accuracy"] is None for config in result["configs"])
     (_, _), (_, y_test) = _task_arrays("regression")
@@ -148,18 +162,15 @@ def test_a_regression_sweep_is_judged_in_mae_and_its_report_never_says_accuracy(
 
 
 @pytest.mark.slow
-def test_advise_verifies_a_regression_recipe_in_mae(tmp_path, capfd, monkeypatch):
+def test_advise_verifies_a_regression_recipe_in_mae(tmp_path, monkeypatch):
     _regression_project(tmp_path, monkeypatch)
     (tmp_path / "params.yaml").write_text(
         "train: {dataset: task, model: net.py:build, loss: mse, epochs: 3, global_batch: 32, "
         "base_lr: 0.1}\n"
     )
-    capfd.readouterr()
     command = ["advise", "--params", "params.yaml", "--towers", "2", "--seeds", "2"]
-    status = main([*command, "--probe-steps", "40", "--json"])
-    captured = capfd.readouterr()
-    assert status == 0, captured.err[-3000:]
-    verification = json.loads(captured.out)["verification"]
+    done = _towerbench([*command, "--probe-steps", "40", "--json"], tmp_path)
+    verification = json.loads(done.stdout)["verification"]
     assert verification["metric"] == "mae" and verification["difference_pp"] is None
     assert verification["ci_low"] <= verification["difference"] <= verification["ci_high"]
     assert "the 1-tower MAE: Δ " in verification["verdict"] or verification["verdict"].startswith(
