@@ -1,12 +1,14 @@
 """The losses a run can train with, the labels each takes and the loss of an output that knows
 nothing (its chance level).
 
-Every loss is a mean over examples of a per-example loss (Keras' signature: `fn(y_true,
-y_pred) -> (batch,)`, the mean over a label row's columns where it has several), so k towers
-averaged are exactly the big batch's gradient. The cross-entropies take logits: the network's
-last layer has no activation. `train.loss` is one of LOSSES or the user's own per-example loss,
-`path/to/file.py:function` (relative to the params file's folder) or `package.module:function`,
-which takes the labels the dataset holds.
+Every loss but one is a mean over examples of a per-example loss (Keras' signature:
+`fn(y_true, y_pred) -> (batch,)`, the mean over a label row's columns where it has several), so k
+towers averaged are exactly the big batch's gradient. The one is `in_batch_softmax`, a retrieval
+model's: each query's candidates are the other examples' in its batch (EMBEDDING_PAIRS), so a
+tower's loss depends on which examples share its batch. The cross-entropies take logits: the
+network's last layer has no activation. `train.loss` is one of LOSSES or the user's own
+per-example loss, `path/to/file.py:function` (relative to the params file's folder) or
+`package.module:function`, which takes the labels the dataset holds.
 
 Plain Python: the config, the checks and the report read it without TensorFlow.
 """
@@ -33,6 +35,7 @@ LossName = Literal[
     "mse",
     "mae",
     "huber",
+    "in_batch_softmax",
 ]
 LOSS_LABELS: dict[str, LabelKind] = {
     "sparse_categorical_crossentropy": "class_ids",
@@ -41,6 +44,7 @@ LOSS_LABELS: dict[str, LabelKind] = {
     "mse": "rows",
     "mae": "rows",
     "huber": "rows",
+    "in_batch_softmax": "class_ids",  # each example's candidate id
 }
 LOSSES: tuple[str, ...] = tuple(LOSS_LABELS)
 # Losses whose labels name one class per example (a class id, or a row's largest value): the
@@ -51,6 +55,10 @@ SINGLE_CLASS: frozenset[str] = frozenset(
 FROM_LOGITS: frozenset[str] = frozenset(
     {"sparse_categorical_crossentropy", "categorical_crossentropy", "binary_crossentropy"}
 )
+# Losses of a model whose output is (batch, 2, d): [:, 0] a query's embedding, [:, 1] its
+# candidate's; the label is the candidate's id, the network builder's second argument the number
+# of distinct ids.
+EMBEDDING_PAIRS: frozenset[str] = frozenset({"in_batch_softmax"})
 HUBER_DELTA = 1.0  # Keras' default
 # Keras' names of the built-in losses (a compiled model's `loss`), by train.loss's.
 KERAS_NAMES = {
@@ -65,7 +73,8 @@ KERAS_NAMES = {
 
 def chance_loss(loss: str, width: int) -> float | None:
     """The loss of all-zero logits (the uniform prediction) over `width` classes or columns;
-    None for a regression loss, whose level depends on the targets."""
+    None for a regression loss, whose level depends on the targets, and for in_batch_softmax,
+    whose depends on the batch."""
     if loss in SINGLE_CLASS:
         return math.log(width)
     if loss == "binary_crossentropy":

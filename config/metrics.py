@@ -4,10 +4,12 @@ its direction and scores: core.metrics).
 `accuracy` (a class per example: the argmax against the class id or the label row's largest
 value), `binary_accuracy` (each column of a 0/1 row, its logit's sign against the label's side
 of 0.5, averaged over columns and examples), `auc` (ROC AUC over every example's every column,
-from the logits), `mae` and `rmse` (over every example's every column): the first three higher
-is better, the last two lower. `auto` takes the loss's own: accuracy for the categorical
+from the logits), `mae` and `rmse` (over every example's every column), `recall_at_K` (K in 1,
+5, 10, 50, 100; in prose recall@K: the share of test queries whose own candidate ranks among the
+K best-scored of a fixed set of test candidates, model.metric_values.recall_at): the mae and rmse
+lower is better, the others higher. `auto` takes the loss's own: accuracy for the categorical
 cross-entropies (and a user's loss on class ids), binary_accuracy for binary_crossentropy, mae
-for mse, mae and huber.
+for mse, mae and huber, recall_at_10 for in_batch_softmax.
 
 Plain Python: the config, the checks and the report read it without TensorFlow.
 """
@@ -16,10 +18,24 @@ from __future__ import annotations
 
 from typing import Literal
 
-from towerbench.config.losses import LOSS_LABELS, judged_by_accuracy
+from towerbench.config.losses import EMBEDDING_PAIRS, LOSS_LABELS, judged_by_accuracy
+from towerbench.core.metrics import RECALL_CUTOFFS
 from towerbench.core.tfrecord_format import LabelKind
 
-MetricName = Literal["auto", "accuracy", "binary_accuracy", "auc", "mae", "rmse"]
+MetricName = Literal[
+    "auto",
+    "accuracy",
+    "binary_accuracy",
+    "auc",
+    "mae",
+    "rmse",
+    "recall_at_10",
+    "recall_at_1",
+    "recall_at_5",
+    "recall_at_50",
+    "recall_at_100",
+]
+RECALLS = tuple(f"recall_at_{k}" for k in RECALL_CUTOFFS)
 BINARY_LOSSES = frozenset({"binary_crossentropy"})
 REGRESSION_LOSSES = frozenset({"mse", "mae", "huber"})
 
@@ -28,11 +44,18 @@ def _fitting(loss: str, held: LabelKind) -> tuple[str, ...]:
     """The metrics that can judge `loss` on labels of kind `held`, its own first."""
     if judged_by_accuracy(loss, held):
         return ("accuracy",)
+    if loss in EMBEDDING_PAIRS:
+        return RECALLS
     if loss in BINARY_LOSSES:
         return ("binary_accuracy", "auc")
     if loss in REGRESSION_LOSSES:
         return ("mae", "rmse")
     return ("binary_accuracy", "auc", "mae", "rmse")  # the user's own loss on label rows
+
+
+def recall_cutoff(metric: str) -> int | None:
+    """K of recall_at_K; None for another metric."""
+    return int(metric.removeprefix("recall_at_")) if metric in RECALLS else None
 
 
 def resolved_metric(metric: str, loss: str, held: LabelKind) -> str:

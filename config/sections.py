@@ -194,14 +194,32 @@ class TrainConfig(StrictModel):
         "(regression targets); or your own, path/to/file.py:function (relative to the params "
         "file's folder) or package.module:function, called as function(y_true, y_pred) on the "
         "labels the dataset holds and returning one loss per example (batch,), as Keras' "
-        "losses do.",
+        "losses do. in_batch_softmax (retrieval; class ids: each example's candidate id): your "
+        "model returns (batch, 2, d), a query's embedding and its candidate's, and each query's "
+        "softmax is over its batch's candidates (q·cᵀ / temperature, other examples of the same "
+        "candidate masked); a tower's batch is its own B/k.",
     )
     metric: MetricName = Field(
         "auto",
         description="What judges a run (test split), its verdicts, advise and the report: "
-        "accuracy, binary_accuracy, auc (higher is better), mae, rmse (lower is better); auto: "
+        "accuracy, binary_accuracy, auc, recall_at_K (higher is better), mae, rmse (lower is "
+        "better); auto: "
         "the loss's own (accuracy for the categorical cross-entropies, binary_accuracy for "
-        "binary_crossentropy, mae for mse, mae, huber).",
+        "binary_crossentropy, mae for mse, mae, huber, recall_at_10 for in_batch_softmax); "
+        "recall_at_K (K 1, 5, 10, 50, 100): the share of test queries whose own candidate ranks "
+        "among the K best of eval_candidates test candidates.",
+    )
+    temperature: float = Field(
+        1.0,
+        gt=0,
+        description="in_batch_softmax: the logits are q·cᵀ divided by this (1: TFRS' default).",
+    )
+    eval_candidates: int = Field(
+        1000,
+        ge=2,
+        description="in_batch_softmax: the distinct test candidates every test query is ranked "
+        "against for recall@K and the test loss, on one device whatever the towers (the first of "
+        "each id in the test split).",
     )
     global_batch: int = Field(128, ge=1, description="Examples per step over all towers.")
     epochs: float = Field(10, gt=0, description="Passes over the training set.")

@@ -110,10 +110,11 @@ def _significant(value: float, digits: int, sign: bool = False) -> str:
     )
 
 
+RECALL_CUTOFFS = (10, 1, 5, 50, 100)  # recall@K's K, in_batch_softmax's own first
 METRICS: dict[str, Metric] = {
     "accuracy": Metric("accuracy", "accuracy", True, True),
     "binary_accuracy": Metric("binary_accuracy", "binary accuracy", True, True),
     "auc": Metric("auc", "AUC", True, False),
     "mae": Metric("mae", "MAE", False, False),
     "rmse": Metric("rmse", "RMSE", False, False),
-}
+} | {f"recall_at_{k}": Metric(f"recall_at_{k}", f"recall@{k}", True, True) for k in RECALL_CUTOFFS}

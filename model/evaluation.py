@@ -1,7 +1,9 @@
 """Evaluation on the test split: every test example counted exactly once (the last, padded batch
 is masked), giving the mean test loss (train.loss) of the given weights and their metric
 (train.metric): accuracy from the confusion matrix, the others (model.metric_values) from the
-split's outputs and label rows."""
+split's outputs and label rows. A retrieval run (recall@K) ranks every test query against one
+fixed set of test candidates on this device, so its metric and test loss (the softmax over that
+set) are the same whatever the towers."""
 
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from towerbench.config.metrics import recall_cutoff
 from towerbench.core.tfrecord_format import Features
 from towerbench.model.input_pipeline import evaluation_dataset
 from towerbench.model.losses import per_example_loss, true_classes
-from towerbench.model.metric_values import VALUES
+from towerbench.model.metric_values import VALUES, retrieval
 
 EVAL_BATCH = 500
 
@@ -46,12 +49,15 @@ class Evaluator:
         classes: int,
         loss: str = "sparse_categorical_crossentropy",
         metric: str = "accuracy",
+        temperature: float = 1.0,
+        eval_candidates: int = 1000,
     ):
         self.dataset = evaluation_dataset(files, features, crop_size, EVAL_BATCH)
         self.model, self.device, self.classes = model, device, classes
-        self.metric = metric
+        self.metric, self.recall_k = metric, recall_cutoff(metric)
+        self.temperature, self.eval_candidates = temperature, eval_candidates
         self.non_trainable = model.non_trainable_variables
-        per_example = per_example_loss(loss)
+        per_example = per_example_loss(loss, temperature)
 
         @tf.function(autograph=False)  # no tensor-dependent Python control flow
         def predict_batch(weights, non_trainable, images, labels, mask):
@@ -59,6 +65,8 @@ class Evaluator:
                 outputs, _ = self.model.stateless_call(
                     weights, non_trainable, images, training=False
                 )
+                if self.recall_k is not None:  # its loss is over the whole split's candidates
+                    return tf.constant(0.0), outputs
                 losses = per_example(labels, outputs)
             # Padding (mask False) gets weight 0: counted nowhere.
             loss_sum = tf.reduce_sum(tf.where(mask, losses, 0.0))
@@ -98,5 +106,10 @@ class Evaluator:
             examples = int(confusion.sum())
             return Evaluation(loss / max(examples, 1), accuracy(confusion), examples, confusion)
         labels_seen, outputs = np.concatenate(kept_labels), np.concatenate(kept_outputs)
+        if self.recall_k is not None:
+            ranked = retrieval(
+                labels_seen, outputs, self.recall_k, self.eval_candidates, self.temperature
+            )
+            return Evaluation(ranked.loss, ranked.recall, len(outputs), None)
         value = VALUES[self.metric](labels_seen.reshape(outputs.shape), outputs)
         return Evaluation(loss / max(len(outputs), 1), value, len(outputs), None)

@@ -1,9 +1,11 @@
 """The metrics of config/metrics.py other than accuracy, computed on a whole split's label rows
-and outputs (numpy arrays of shape (examples, columns))."""
+and outputs (numpy arrays of shape (examples, columns)); recall@K on its candidate ids and
+embedding pairs (examples, 2, d)."""
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -46,3 +48,44 @@ def rmse(labels: np.ndarray, outputs: np.ndarray) -> float:
 
 
 VALUES = {"binary_accuracy": binary_accuracy, "auc": auc, "mae": mae, "rmse": rmse}
+
+
+class Retrieval(NamedTuple):
+    """Test queries ranked against one fixed set of test candidates."""
+
+    loss: float  # mean cross-entropy of a query's own candidate among the set's
+    recall: float  # share of queries whose own candidate ranks among the K best
+    queries: int  # the queries whose candidate is in the set
+    candidates: int
+
+
+def fixed_candidates(ids: np.ndarray, limit: int) -> np.ndarray:
+    """The index of the first example of each of the first `limit` distinct ids, in the split's
+    order: the same set whatever the towers or batches."""
+    _, first = np.unique(ids, return_index=True)
+    return np.sort(first)[:limit]
+
+
+def retrieval(
+    ids: np.ndarray, pairs: np.ndarray, k: int, limit: int, temperature: float = 1.0
+) -> Retrieval:
+    """Every query (pairs[:, 0]) whose candidate id is among the fixed candidates (pairs[:, 1]
+    of `fixed_candidates`) scored against all of them, q·cᵀ / `temperature`: recall@`k` and the
+    softmax loss over the set. A candidate scored equal to the query's own shares its place at
+    random (counted by its expectation), so tied scores earn no recall."""
+    chosen = fixed_candidates(ids, limit)
+    candidate_ids = ids[chosen]
+    asked = np.isin(ids, candidate_ids)
+    order = np.argsort(candidate_ids)
+    own_column = order[np.searchsorted(candidate_ids, ids[asked], sorter=order)]
+    queries = pairs[asked, 0].astype(np.float64)
+    scores = queries @ pairs[chosen, 1].astype(np.float64).T / temperature
+    own = scores[np.arange(len(queries)), own_column]
+    better = (scores > own[:, None]).sum(1)
+    tied = (scores == own[:, None]).sum(1) - 1
+    recall = np.clip((k - better) / (tied + 1), 0, 1)
+    top = scores.max(1, keepdims=True)
+    log_total = top[:, 0] + np.log(np.exp(scores - top).sum(1))
+    return Retrieval(
+        float(np.mean(log_total - own)), float(np.mean(recall)), len(queries), len(chosen)
+    )

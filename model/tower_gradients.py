@@ -84,6 +84,7 @@ class TowerGradientFunction:
         cluster: Cluster,
         jit_compile: bool = False,
         loss: str = "sparse_categorical_crossentropy",
+        temperature: float = 1.0,
     ):
         if aggregation not in ("mean", "sum"):
             raise ValueError(f"aggregation must be mean or sum, got {aggregation!r}")
@@ -92,7 +93,7 @@ class TowerGradientFunction:
         self.aggregation = aggregation
         self.loss_scale = loss_scale
         self.cluster = cluster
-        self.loss: PerExampleLoss = per_example_loss(loss)
+        self.loss: PerExampleLoss = per_example_loss(loss, temperature)
         self.loss_name = loss
         self.trainable = list(model.trainable_variables)
         self.non_trainable = list(model.non_trainable_variables)

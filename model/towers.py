@@ -56,6 +56,7 @@ class TowerTrainer:
         precision: Precision = "float32",
         adascale: AdaScale | None = None,
         loss: str = "sparse_categorical_crossentropy",
+        temperature: float = 1.0,
     ):
         self.model = network.model
         self.optimizer = optimizer
@@ -72,7 +73,14 @@ class TowerTrainer:
             self.loss_scale = LossScale(precision)
             self.metrics = StepMetrics()
         self.tower_gradients = TowerGradientFunction(
-            self.model, devices, aggregation, self.loss_scale, self.cluster, jit_compile, loss
+            self.model,
+            devices,
+            aggregation,
+            self.loss_scale,
+            self.cluster,
+            jit_compile,
+            loss,
+            temperature,
         )
         # No AutoGraph: the step's control flow is all Python, and converting it would add
         # about a second to every training process's first step.
@@ -196,4 +204,5 @@ def tower_trainer(
         config.precision,
         adascale,
         config.loss,
+        config.temperature,
     )

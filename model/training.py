@@ -151,6 +151,8 @@ def _set_up(
         len(manifest.classes),
         config.loss,
         resolved_metric(config.metric, config.loss, manifest.labels),
+        config.temperature,
+        config.eval_candidates,
     )
     checkpoints, history, step = _restore(config, trainer, checkpoint_dir)
     return _Run(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from towerbench.config.losses import labels_taken
+from towerbench.config.losses import EMBEDDING_PAIRS, labels_taken
 from towerbench.config.metrics import resolved_metric
 from towerbench.config.model_ref import parse_model
 from towerbench.config.sections import TrainConfig
@@ -53,6 +53,11 @@ _LABELS_NAMED = {"class_ids": "class ids", "rows": "label rows"}
 
 def _check_loss_takes(config: TrainConfig, manifest: Manifest) -> None:
     """The loss takes the dataset's labels (class ids or rows), and the metric fits the loss."""
+    if config.loss in EMBEDDING_PAIRS and parse_model(config.model).builtin:
+        raise TowerbenchError(
+            f"--loss {config.loss} needs your own model returning (batch, 2, d), a query's "
+            f"embedding and its candidate's; --model {config.model} returns class logits"
+        )
     takes = labels_taken(config.loss, manifest.labels)
     if takes != manifest.labels:
         holds = (

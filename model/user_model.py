@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from towerbench.config.losses import FROM_LOGITS, KERAS_NAMES, parse_loss
+from towerbench.config.losses import EMBEDDING_PAIRS, FROM_LOGITS, KERAS_NAMES, parse_loss
 from towerbench.config.model_ref import ModelReference, parse_model
 from towerbench.core.errors import TowerbenchError
 from towerbench.model.precision import Precision, layers_in
@@ -206,6 +206,16 @@ def _refuse_tower_unsafe(model: keras.Model, probe_batch: tf.Tensor, text: str) 
             )
 
 
+def _check_pairs(shape: Sequence[int], text: str, loss: str) -> None:
+    """A retrieval model returns (batch, 2, d): a query's embedding and its candidate's."""
+    if len(shape) != 3 or shape[1] != 2:
+        raise TowerbenchError(
+            f"{text}: the output's shape is (batch, {', '.join(map(str, shape[1:]))}), not "
+            f"(batch, 2, d): {loss} takes each query's embedding and its candidate's, "
+            "keras.ops.stack([query, candidate], axis=1)"
+        )
+
+
 def check_model(
     model: object,
     text: str,
@@ -245,7 +255,9 @@ def check_model(
             f"{text}: the model returns {type(outputs).__name__} of outputs; towers train one "
             "output of logits"
         )
-    if tuple(outputs.shape) != (2, num_classes):
+    if loss in EMBEDDING_PAIRS:
+        _check_pairs(outputs.shape, text, loss)
+    elif tuple(outputs.shape) != (2, num_classes):
         raise TowerbenchError(
             f"{text}: the output's shape is (batch, {', '.join(map(str, outputs.shape[1:]))}), "
             f"not (batch, {num_classes}): end with keras.layers.Dense(num_classes)"

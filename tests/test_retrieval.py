@@ -1,0 +1,174 @@
+"""In-batch negatives (issue 62 item 1): `in_batch_softmax` against values computed by hand,
+recall@K on one fixed set of test candidates, the metric and loss choices that fit it, and a
+model whose output is not (batch, 2, d) refused in one line."""
+
+from __future__ import annotations
+
+import math
+
+import fixtures_model
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from towerbench.config.metrics import resolved_metric
+from towerbench.config.sections import TrainConfig
+from towerbench.core.errors import TowerbenchError
+from towerbench.core.metrics import METRICS
+from towerbench.core.tfrecord_format import dataset_dir, load_manifest, split_files
+from towerbench.ingest.write_records import write_dataset
+from towerbench.model.evaluation import Evaluator
+from towerbench.model.losses import MASKED_LOGIT, per_example_loss
+from towerbench.model.metric_values import fixed_candidates, retrieval
+from towerbench.model.training_data import check_config_against_data
+from towerbench.model.user_model import check_model
+
+RNG = np.random.default_rng(3)
+PAIRS = RNG.normal(size=(4, 2, 3)).astype(np.float32)  # 4 examples: query, candidate; d = 3
+IDS = np.array([7, 2, 7, 5], np.int32)  # examples 0 and 2 share their candidate
+
+
+def _dot(a, b) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+def _by_hand(pairs, ids, temperature: float) -> list[float]:
+    """Each query's cross-entropy among the batch's candidates, the others of its own id left
+    out, one number at a time."""
+    losses = []
+    for i, (query, _) in enumerate(pairs.tolist()):
+        logits = [
+            _dot(query, candidate) / temperature
+            for j, (_, candidate) in enumerate(pairs.tolist())
+            if j == i or ids[j] != ids[i]
+        ]
+        own = _dot(query, pairs[i, 1].tolist()) / temperature
+        losses.append(math.log(sum(math.exp(v) for v in logits)) - own)
+    return losses
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.2])
+def test_in_batch_softmax_matches_its_definition_computed_by_hand(temperature):
+    computed = per_example_loss("in_batch_softmax", temperature)(IDS, PAIRS).numpy()
+    assert computed.shape == (4,)
+    np.testing.assert_allclose(computed, _by_hand(PAIRS, IDS, temperature), rtol=1e-5)
+
+
+def test_an_accidental_hit_is_masked_and_leaves_no_nan_in_the_gradient():
+    pairs = tf.Variable(PAIRS)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(per_example_loss("in_batch_softmax")(IDS, pairs))
+    gradient = tape.gradient(loss, pairs).numpy()
+    assert np.all(np.isfinite(gradient))
+    # Unmasked, example 2's candidate would be one of example 0's negatives: a different loss.
+    unmasked = per_example_loss("in_batch_softmax")(np.arange(4, dtype=np.int32), PAIRS)
+    assert float(unmasked[0]) > float(per_example_loss("in_batch_softmax")(IDS, PAIRS)[0])
+    assert MASKED_LOGIT < -1e30
+
+
+def test_a_towers_share_of_the_batch_gives_each_query_fewer_candidates():
+    """The loss is not a mean over examples: half a batch gives each query other candidates."""
+    whole = per_example_loss("in_batch_softmax")(IDS, PAIRS).numpy()
+    halves = np.concatenate(
+        [
+            per_example_loss("in_batch_softmax")(IDS[s], PAIRS[s]).numpy()
+            for s in (slice(0, 2), slice(2, 4))
+        ]
+    )
+    assert np.all(halves < whole)
+
+
+def _ranked_by_hand(ids, pairs, k: int, limit: int) -> tuple[float, float, int]:
+    """recall@k and the loss over the first `limit` distinct ids' first examples, one query at a
+    time; a tie shares its place at random."""
+    chosen: dict[int, int] = {}
+    for index, candidate_id in enumerate(ids.tolist()):
+        if candidate_id not in chosen and len(chosen) < limit:
+            chosen[candidate_id] = index
+    hits, losses = [], []
+    for query_index, candidate_id in enumerate(ids.tolist()):
+        if candidate_id not in chosen:
+            continue
+        scores = {c: _dot(pairs[query_index, 0], pairs[i, 1]) for c, i in chosen.items()}
+        own = scores[candidate_id]
+        better = sum(s > own for s in scores.values())
+        tied = sum(s == own for s in scores.values()) - 1
+        hits.append(min(max((k - better) / (tied + 1), 0.0), 1.0))
+        losses.append(math.log(sum(math.exp(s) for s in scores.values())) - own)
+    return sum(hits) / len(hits), sum(losses) / len(losses), len(hits)
+
+
+@pytest.mark.parametrize(("k", "limit"), [(1, 50), (3, 50), (2, 4)])
+def test_recall_at_k_ranks_each_query_against_the_fixed_candidates(k, limit):
+    ids = RNG.integers(0, 8, 40)
+    pairs = RNG.normal(size=(40, 2, 5))
+    ranked = retrieval(ids, pairs, k, limit)
+    recall, loss, queries = _ranked_by_hand(ids, pairs, k, limit)
+    assert ranked.queries == queries
+    assert ranked.candidates == min(limit, len(set(ids.tolist())))
+    assert ranked.recall == pytest.approx(recall)
+    assert ranked.loss == pytest.approx(loss)
+
+
+def test_an_untrained_model_whose_scores_all_tie_earns_chance_recall_only():
+    ids = np.arange(20) % 10
+    ranked = retrieval(ids, np.zeros((20, 2, 4)), 2, 1000)
+    assert ranked.recall == pytest.approx(2 / 10)
+    assert ranked.loss == pytest.approx(math.log(10))
+    np.testing.assert_array_equal(fixed_candidates(ids, 3), [0, 1, 2])
+
+
+def test_in_batch_softmax_is_judged_by_recall_and_nothing_else():
+    assert resolved_metric("auto", "in_batch_softmax", "class_ids") == "recall_at_10"
+    assert resolved_metric("recall_at_50", "in_batch_softmax", "class_ids") == "recall_at_50"
+    assert METRICS["recall_at_50"].label == "recall@50" and METRICS["recall_at_50"].share
+    with pytest.raises(ValueError, match="--metric accuracy does not fit --loss in_batch_softmax"):
+        resolved_metric("accuracy", "in_batch_softmax", "class_ids")
+    with pytest.raises(ValueError, match="--metric recall_at_10 does not fit --loss mse"):
+        resolved_metric("recall_at_10", "mse", "rows")
+
+
+def _dense(width: int, pairs: bool) -> keras.Model:
+    inputs = keras.Input((6,))
+    x = keras.layers.Dense(width)(inputs)
+    return keras.Model(inputs, keras.ops.stack([x, x], axis=1) if pairs else x)
+
+
+def test_a_model_that_returns_no_pairs_is_refused_in_one_line():
+    with pytest.raises(TowerbenchError) as refused:
+        check_model(_dense(5, pairs=False), "m.py:build", "build", (6,), 5, "in_batch_softmax")
+    assert str(refused.value) == (
+        "m.py:build: the output's shape is (batch, 5), not (batch, 2, d): in_batch_softmax "
+        "takes each query's embedding and its candidate's, keras.ops.stack([query, candidate], "
+        "axis=1)"
+    )
+    check_model(_dense(4, pairs=True), "m.py:build", "build", (6,), 9, "in_batch_softmax")
+
+
+def test_a_built_in_network_under_in_batch_softmax_is_refused_in_one_line(tmp_path):
+    data_dir = fixtures_model.write_digits(tmp_path, train=32, test=8)
+    manifest = load_manifest(dataset_dir(data_dir, "digits"))
+    with pytest.raises(TowerbenchError, match=r"^--loss in_batch_softmax needs your own model"):
+        check_config_against_data(TrainConfig(loss="in_batch_softmax", towers=1), manifest)
+
+
+def test_the_evaluator_ranks_the_whole_test_split_whatever_its_batches(tmp_path):
+    """The test loss and recall@K come from the split's outputs on one device, not from the
+    evaluation's batches of 500: the same as ranking the model's outputs directly."""
+    x = RNG.normal(size=(1200, 6)).astype(np.float32)
+    ids = RNG.integers(0, 600, 1200)
+    write_dataset(tmp_path / "pairs", "pairs", [str(i) for i in range(600)], {
+        "train": (x[:8], ids[:8]), "test": (x, ids)}, 1, {})  # fmt: skip
+    manifest = load_manifest(tmp_path / "pairs")
+    model = _dense(4, pairs=True)
+    files = split_files(tmp_path / "pairs", manifest, "test")
+    evaluator = Evaluator(
+        model, "/CPU:0", files, manifest.features, None, 600, "in_batch_softmax",
+        "recall_at_5", temperature=0.5, eval_candidates=300,
+    )  # fmt: skip
+    evaluation = evaluator.evaluate([v.value for v in model.trainable_variables])
+    direct = retrieval(ids, model.predict(x, verbose=0), 5, 300, temperature=0.5)
+    assert evaluation.examples == 1200
+    assert evaluation.metric == pytest.approx(direct.recall)
+    assert evaluation.loss == pytest.approx(direct.loss, rel=1e-5)
