@@ -59,6 +59,11 @@ FROM_LOGITS: frozenset[str] = frozenset(
 # candidate's; the label is the candidate's id, the network builder's second argument the number
 # of distinct ids.
 EMBEDDING_PAIRS: frozenset[str] = frozenset({"in_batch_softmax"})
+# What a tower computes differently on its share of the batch, by loss (gradcheck's cause).
+BATCH_DEPENDENCE = {
+    "in_batch_softmax": "each tower's softmax sees its own B/k = {shard} candidates, not the "
+    "batch's B = {batch}",
+}
 HUBER_DELTA = 1.0  # Keras' default
 # Keras' names of the built-in losses (a compiled model's `loss`), by train.loss's.
 KERAS_NAMES = {

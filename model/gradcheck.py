@@ -2,19 +2,22 @@
 
 (a) one device on the whole batch, (b) k towers averaged, (c) k towers summed, (d)
 tf.distribute.MirroredStrategy on the same k devices with the loss scaled by the global batch
-(tf.nn.compute_average_loss), which is what a TensorFlow user would write, and (e) one
-device with "ghost" BatchNorm over the same k shards: for BatchNorm networks (b) equals (e), not
-(a). For a user's network (config.model_ref) dropout is switched off for the check, its weight
-regularizers are added once and its activity regularizers as the mean over shards, in every
-way alike. With several workers (model.cluster), (f) every worker's k towers on its slice of the
-batch, averaged across workers too, against (a). For each we take the data-loss gradient and
-the weights after one SGD step (learning rate GRADCHECK_LR, the model's weight decay added
-once), and report per variable and overall the largest absolute difference and the relative
-difference ||a - b||_inf / ||b||_inf against the single device. Then the update check: for each
-optimizer asked for, UPDATE_STEPS steps of k towers averaged and of one device on the same
-batches (its own defaults, the weight decay as that optimizer applies it): stateful optimizers
-(momentum, Adam's moments, LARS' and LAMB's trust ratios) see the same averaged gradient each
-step, so their weights must agree too.
+(tf.nn.compute_average_loss), which is what a TensorFlow user would write, and (e) one device
+running the batch as the same k shards (each shard's own BatchNorm statistics, "ghost" BatchNorm,
+and each shard's own loss): for BatchNorm networks (b) equals (e), not (a), and so it does for a
+loss that is not a mean over examples (in_batch_softmax: measured directly as the per-example
+losses of each shard against the whole batch's, `loss_vs_shards`). The parts that depend on the
+batch are named, each with its cause, in one explanation. For a user's network (config.model_ref)
+dropout is switched off for the check, its weight regularizers are added once and its activity
+regularizers as the mean over shards, in every way alike. With several workers (model.cluster), (f)
+every worker's k towers on its slice of the batch, averaged across workers too, against (a). For
+each we take the data-loss gradient and the weights after one SGD step (learning rate GRADCHECK_LR,
+the model's weight decay added once), and report per variable and overall the largest absolute
+difference and the relative difference ||a - b||_inf / ||b||_inf against the single device. Then
+the update check: for each optimizer asked for, UPDATE_STEPS steps of k towers averaged and of one
+device on the same batches (its own defaults, the weight decay as that optimizer applies it):
+stateful optimizers (momentum, Adam's moments, LARS' and LAMB's trust ratios) see the same averaged
+gradient each step, so their weights must agree too.
 """
 
 from __future__ import annotations
@@ -25,8 +28,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from towerbench.config.losses import labels_taken
-from towerbench.config.model_ref import BUILTIN_MODELS
+from towerbench.config.losses import BATCH_DEPENDENCE, labels_taken
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.tfrecord_format import LabelKind
@@ -44,6 +46,11 @@ USER_INPUT_SHAPE = (32, 32, 3)  # a user's network unless another shape is given
 # (bfloat16 keeps 8 bits of mantissa). Measured on the tutorial network (2 towers, batch 64):
 # 1.2e-6, 3.2e-3 and 5.9e-2; the tolerances leave a factor of about 3 (float32: 10).
 TOLERANCE: dict[str, float] = {"float32": 1e-5, "mixed_float16": 1e-2, "mixed_bfloat16": 2e-1}
+# A variable whose reference gradient is at most this share of the largest over all variables
+# is rounding noise around 0 (in_batch_softmax's candidate bias: adding one vector to every
+# candidate moves a query's logits alike, so its gradient is exactly 0): its difference is taken
+# relative to the whole gradient's scale, not to its own noise.
+ZERO_LIKE = 1e-5
 Way = tuple[list[np.ndarray], list[np.ndarray]]  # (data gradients, weights after one step)
 UPDATE_STEPS = 3
 
@@ -127,6 +134,9 @@ class GradcheckResult(BaseModel):
     mirrored_vs_single: Comparison
     mirrored_vs_mean: Comparison
     ghost_vs_mean: Comparison
+    # The per-example losses of each tower's shard against the whole batch's (relative): above
+    # the tolerance, the loss is not a mean over examples.
+    loss_vs_shards: float = 0.0
     # In a cluster only: the workers, and their towers against one device.
     workers: int | None = None
     workers_vs_single: Comparison | None = None
@@ -134,11 +144,22 @@ class GradcheckResult(BaseModel):
     updates_vs_single: list[UpdateCheck] = []
 
     @property
+    def loss_batch_dependent(self) -> bool:
+        return self.loss_vs_shards > self.tolerance
+
+    @property
+    def batch_dependent(self) -> list[str]:
+        """The parts whose value on a tower's B/k examples is not their share of the batch's."""
+        return ["BatchNorm"] * self.batchnorm + [self.loss] * self.loss_batch_dependent
+
+    @property
     def passed(self) -> bool:
         """Towers, MirroredStrategy (and workers) agree with one device, or with ghost BatchNorm
         on a BatchNorm network, within the tolerance; and so do the optimizers' updates on a
-        network without BatchNorm."""
-        reference = self.ghost_vs_mean if self.batchnorm else self.mean_vs_single
+        network without BatchNorm. A loss that is not a mean over examples never passes: the
+        towers train another objective than the batch's."""
+        per_shard = self.batchnorm and not self.loss_batch_dependent
+        reference = self.ghost_vs_mean if per_shard else self.mean_vs_single
         compared: list[Comparison | UpdateCheck] = [reference, self.mirrored_vs_mean]
         if not self.batchnorm:
             compared += self.updates_vs_single
@@ -155,7 +176,11 @@ class GradcheckResult(BaseModel):
         """The JSON document: every field (the workers' only in a cluster), then `passed` and
         `explanation`."""
         document = self.model_dump(mode="json", exclude_none=True)
-        return document | {"passed": self.passed, "explanation": self.explanation}
+        return document | {
+            "passed": self.passed,
+            "batch_dependent": self.batch_dependent,
+            "explanation": self.explanation,
+        }
 
 
 def _dense(gradient: Any) -> np.ndarray:
@@ -178,6 +203,12 @@ class _Problem:
     images: Any  # tf.Tensor (B, H, W, C)
     labels: Any  # tf.Tensor: class ids (B,), or rows (B, num_classes) for the other losses
     precision: Precision
+    temperature: float = 1.0  # in_batch_softmax's
+
+    def per_example_loss(self):
+        from towerbench.model.losses import per_example_loss
+
+        return per_example_loss(self.loss, self.temperature)
 
     def network(self):
         """The network at the initial weights, its dropout switched off."""
@@ -214,11 +245,15 @@ def _decay_loss(network, weight_decay: float):
 
 def _differences(a: list[np.ndarray], b: list[np.ndarray]) -> list[tuple[float, float]]:
     """Per variable: the largest absolute difference of a from b, and that over b's largest
-    absolute value (||a - b||_inf / ||b||_inf)."""
+    absolute value (||a - b||_inf / ||b||_inf), or over all of b's where the variable's is
+    rounding noise around 0 (ZERO_LIKE)."""
+    overall = max(float(np.max(np.abs(right))) for right in b)
     differences = []
     for left, right in zip(a, b, strict=True):
         absolute = float(np.max(np.abs(left - right)))
         scale = float(np.max(np.abs(right)))
+        if scale <= ZERO_LIKE * overall:
+            scale = overall
         differences.append((absolute, absolute / scale if scale else absolute))
     return differences
 
@@ -266,6 +301,7 @@ def _tower_run(
     config = ONE_SGD_STEP.model_copy(
         update={
             "loss": problem.loss,
+            "temperature": problem.temperature,
             "aggregation": aggregation,
             "weight_decay": problem.weight_decay,
             "precision": problem.precision,
@@ -288,6 +324,7 @@ def _update_config(problem: _Problem, optimizer: str):
         optimizer=optimizer,
         precision=problem.precision,
         loss=problem.loss,
+        temperature=problem.temperature,
     )
 
 
@@ -329,23 +366,23 @@ def _update_check(
 
 
 def _ghost_run(problem: _Problem, device: str, towers: int) -> Way:
-    """One device, one tape, the global batch's mean loss, with "ghost" BatchNorm: the network
-    runs once per shard of B/k examples, so BatchNorm normalises each shard by its own
-    statistics, as towers do (Hoffer et al. 2017). No per-tower gradients are averaged here."""
+    """One device, one tape, the global batch's mean loss, the batch run as k shards of B/k
+    examples: BatchNorm normalises each shard by its own statistics ("ghost" BatchNorm, Hoffer et
+    al. 2017) and each shard's examples get their loss among the shard's, as towers do. No
+    per-tower gradients are averaged here."""
     import tensorflow as tf
 
-    from towerbench.model.losses import per_example_loss
-
+    per_example = problem.per_example_loss()
     with tf.device(device):
         network = problem.network()
         variables = network.model.trainable_variables
         with tf.GradientTape(persistent=True) as tape:
-            logits, call_losses = [], []
-            for shard in tf.split(problem.images, towers):
-                logits.append(network.model(shard, training=True))
+            losses, call_losses = [], []
+            images, labels = tf.split(problem.images, towers), tf.split(problem.labels, towers)
+            for shard, shard_labels in zip(images, labels, strict=True):
+                losses.append(per_example(shard_labels, network.model(shard, training=True)))
                 call_losses.append(_call_losses(network.model))
-            per_example = per_example_loss(problem.loss)(problem.labels, tf.concat(logits, 0))
-            loss = tf.reduce_mean(per_example) + tf.add_n(call_losses) / towers
+            loss = tf.reduce_mean(tf.concat(losses, 0)) + tf.add_n(call_losses) / towers
             decay_loss = _decay_loss(network, problem.weight_decay)
         gradients = [_dense(g) for g in tape.gradient(loss, variables)]
         decay_gradients = tape.gradient(decay_loss, variables)
@@ -355,11 +392,25 @@ def _ghost_run(problem: _Problem, device: str, towers: int) -> Way:
     return gradients, [v.numpy() for v in variables]
 
 
+def _loss_vs_shards(problem: _Problem, towers: int) -> float:
+    """The per-example losses of each of k shards taken on its own against the whole batch's,
+    on the same outputs (relative): rounding level for a mean over examples, beyond it for a
+    loss that depends on the batch."""
+    import tensorflow as tf
+
+    per_example = problem.per_example_loss()
+    outputs = problem.network().model(problem.images, training=False)
+    whole = per_example(problem.labels, outputs)
+    pairs = zip(tf.split(problem.labels, towers), tf.split(outputs, towers), strict=True)
+    shards = tf.concat([per_example(labels, shard) for labels, shard in pairs], 0)
+    ((_, relative),) = _differences([shards.numpy()], [whole.numpy()])
+    return relative
+
+
 def _mirrored_run(problem: _Problem, devices: TowerDevices) -> Way:
     """The same with MirroredStrategy: per-replica loss = sum / global batch, gradients summed."""
     import tensorflow as tf
 
-    from towerbench.model.losses import per_example_loss
     from towerbench.model.optimizers import build_optimizer
 
     # Reducing on the parameter device (rather than collectives, the CPU default) lets several
@@ -386,7 +437,7 @@ def _mirrored_run(problem: _Problem, devices: TowerDevices) -> Way:
         shard_images, shard_labels = inputs
         with tf.GradientTape(persistent=True) as tape:
             logits = network.model(shard_images, training=True)
-            per_example = per_example_loss(problem.loss)(shard_labels, logits)
+            per_example = problem.per_example_loss()(shard_labels, logits)
             data_loss = tf.nn.compute_average_loss(
                 per_example, global_batch_size=batch
             ) + tf.nn.scale_regularization_loss(_call_losses(network.model))
@@ -409,14 +460,44 @@ def _mirrored_run(problem: _Problem, devices: TowerDevices) -> Way:
     return gradients, [np.asarray(v.numpy()) for v in variables]
 
 
+def _batch_dependence(result: GradcheckResult) -> list[str]:
+    """Each part that depends on the batch, with what a tower computes differently on its B/k
+    examples: BatchNorm, and a loss that is not a mean over examples."""
+    shard, batch = result.global_batch // result.towers, result.global_batch
+    causes = []
+    if result.batchnorm:
+        causes.append(
+            "BatchNorm: each BatchNorm normalises a tower's examples with that tower's own "
+            f"statistics (mean and variance of {shard} examples, not {batch}), a different "
+            "function from BatchNorm over the whole batch, as MirroredStrategy's replicas "
+            "compute it too."
+        )
+    if result.loss_batch_dependent:
+        known = BATCH_DEPENDENCE.get(result.loss)
+        causes.append(
+            f"{result.loss}: "
+            + (
+                known.format(shard=shard, batch=batch)
+                if known
+                else "it is not a mean over examples: each example's loss among a tower's "
+                f"{shard} examples differs from its loss among the batch's {batch}"
+            )
+            + f" (the per-example losses differ by {result.loss_vs_shards:.2e}), so averaged "
+            "towers train another objective than one device on the batch."
+        )
+    return causes
+
+
 def _cause(result: GradcheckResult) -> str:
     """What the measured differences say the towers-vs-one-device difference comes from."""
     tolerance, precision = result.tolerance, result.precision
     single = result.mean_vs_single.max_rel_diff
     ghost = result.ghost_vs_mean.max_rel_diff
+    parts = result.batch_dependent
     ghost_text = (
-        f", towers vs one device with per-shard ('ghost') BatchNorm {ghost:.2e}"
-        if result.batchnorm
+        f", towers vs one device running the batch as per-tower shards"
+        f"{' (ghost BatchNorm)' if result.batchnorm else ''} {ghost:.2e}"
+        if parts
         else ""
     )
     measured = (
@@ -429,19 +510,17 @@ def _cause(result: GradcheckResult) -> str:
             "tower summing its own examples before the partial sums are added, a different order "
             "of additions than one device's."
         )
-    if result.batchnorm and ghost <= tolerance:
-        shard = result.global_batch // result.towers
+    causes = " ".join(_batch_dependence(result))
+    if parts and ghost <= tolerance:
         return (
-            f"{measured} Only the ghost comparison is at rounding level, so the difference from "
-            "one device is BatchNorm, not averaging: each BatchNorm normalises a tower's "
-            f"examples with that tower's own statistics (mean and variance of {shard} examples, "
-            f"not {result.global_batch}), a different function from BatchNorm over the whole "
-            "batch, as MirroredStrategy's replicas compute it too."
+            f"{measured} Only the per-shard comparison is at rounding level, so the difference "
+            f"from one device is {' and '.join(parts)}, not averaging. {causes}"
         )
     return (
         f"{measured} That is above the tolerance, and not explained by rounding"
-        + (" nor by per-tower BatchNorm" if result.batchnorm else "")
+        + (f" nor by {' and '.join(parts)} alone" if parts else "")
         + "; the per-variable table shows where it is."
+        + (f" {causes}" if causes else "")
     )
 
 
@@ -449,8 +528,8 @@ def _explanation(result: GradcheckResult) -> str:
     towers = result.towers
     lines = [
         f"Averaging {towers} tower gradients computes the gradient of the global batch's mean "
-        "loss: the same mathematics as one device on the whole batch, for a network without "
-        "BatchNorm.",
+        "loss: the same mathematics as one device on the whole batch, for a loss that is a mean "
+        "over examples and a network without BatchNorm.",
         _cause(result),
         f"Summing instead of averaging gives exactly {towers} x the averaged data-loss gradient "
         f"(measured ratio {result.sum_vs_mean.ratio:.6f}); with SGD that is a {towers} x "
@@ -474,11 +553,14 @@ def _explanation(result: GradcheckResult) -> str:
     if result.updates_vs_single:
         worst = max(result.updates_vs_single, key=lambda check: check.max_rel_diff)
         names = ", ".join(check.optimizer for check in result.updates_vs_single)
+        after = f"After {worst.steps} steps of each optimizer ({names}), the towers' weights"
         lines.append(
-            f"After {worst.steps} steps of each optimizer ({names}), the towers' weights equal "
-            f"one device's to {worst.max_rel_diff:.2e} at most ({worst.optimizer}): every step "
-            "sees the same averaged gradient, so the optimizers' own state (momentum, moments, "
-            "trust ratios) agrees too"
+            f"{after} differ from one device's by up to {worst.max_rel_diff:.2e} "
+            f"({worst.optimizer}): each step's gradient is another objective's."
+            if result.loss_batch_dependent
+            else f"{after} equal one device's to {worst.max_rel_diff:.2e} at most "
+            f"({worst.optimizer}): every step sees the same averaged gradient, so the "
+            "optimizers' own state (momentum, moments, trust ratios) agrees too"
             + (", up to BatchNorm's per-tower statistics." if result.batchnorm else ".")
         )
     if result.workers is not None and result.workers_vs_single is not None:
@@ -515,6 +597,7 @@ class _Feed:
     width: int
     integer_inputs: bool
     loss: str
+    temperature: float
     held: LabelKind
 
 
@@ -540,7 +623,16 @@ def _problem(
         reference = build_network(model, feed.shape, feed.width, seed, loss=feed.loss).model
     initial = reference.get_weights()
     problem = _Problem(
-        model, feed.loss, feed.width, initial, weight_decay, seed, images, labels, precision
+        model,
+        feed.loss,
+        feed.width,
+        initial,
+        weight_decay,
+        seed,
+        images,
+        labels,
+        precision,
+        feed.temperature,
     )
     return problem, reference
 
@@ -601,6 +693,7 @@ def run_gradcheck(
     integer_inputs: bool = False,
     loss: str = "sparse_categorical_crossentropy",
     labels: LabelKind = "class_ids",
+    temperature: float = 1.0,
 ) -> GradcheckResult | None:
     """Compare one device, k towers (mean, sum) and MirroredStrategy on one fixed batch of
     `input_shape` inputs (default: the network's images, else USER_INPUT_SHAPE; token ids when
@@ -611,8 +704,8 @@ def run_gradcheck(
 
     cluster = cluster or Cluster()
     devices = _tower_devices(towers, global_batch, cluster)
-    default_shape = INPUT_SHAPES[model] if model in BUILTIN_MODELS else USER_INPUT_SHAPE
-    feed = _Feed(tuple(input_shape or default_shape), num_classes, integer_inputs, loss, labels)
+    shape = tuple(input_shape or INPUT_SHAPES.get(model, USER_INPUT_SHAPE))
+    feed = _Feed(shape, num_classes, integer_inputs, loss, temperature, labels)
     problem, reference = _problem(model, global_batch, seed, precision, feed, devices)
     across = _workers_run(problem, devices, cluster) if cluster.workers > 1 else None
     if not cluster.is_chief:
@@ -642,9 +735,8 @@ def run_gradcheck(
         mirrored_vs_single=_comparison(mirrored, single, names),
         mirrored_vs_mean=_comparison(mirrored, mean, names),
         ghost_vs_mean=_comparison(mean, ghost, names),
+        loss_vs_shards=_loss_vs_shards(problem, towers),
         workers=cluster.workers if across is not None else None,
         workers_vs_single=None if across is None else _comparison(across, single, names),
-        updates_vs_single=[
-            _update_check(problem, devices, one_device, name) for name in optimizers
-        ],
+        updates_vs_single=[_update_check(problem, devices, one_device, o) for o in optimizers],
     )

@@ -30,6 +30,7 @@ KEYS = [
     "mirrored_vs_single",
     "mirrored_vs_mean",
     "ghost_vs_mean",
+    "loss_vs_shards",
     "updates_vs_single",
 ]
 
@@ -80,7 +81,7 @@ def _result(**changes) -> GradcheckResult:
 
 def test_the_json_document_has_every_field_then_the_verdict() -> None:
     document = _result().to_json()
-    assert list(document) == [*KEYS, "passed", "explanation"]
+    assert list(document) == [*KEYS, "passed", "batch_dependent", "explanation"]
     assert document["passed"] is True
     assert "That is rounding level" in document["explanation"]
     assert document["mean_vs_single"]["per_variable"][0] == {
@@ -100,7 +101,8 @@ def test_the_json_document_has_every_field_then_the_verdict() -> None:
 
 def test_the_workers_appear_only_in_a_cluster() -> None:
     document = _result(workers=2, workers_vs_single=_comparison(2e-5)).to_json()
-    keys = [*KEYS[:-1], "workers", "workers_vs_single", KEYS[-1], "passed", "explanation"]
+    keys = [*KEYS[:-1], "workers", "workers_vs_single", KEYS[-1], "passed", "batch_dependent"]
+    keys.append("explanation")
     assert list(document) == keys
     assert document["passed"] is False  # the workers disagree beyond the tolerance
     assert "Across 2 worker processes" in document["explanation"]
@@ -109,4 +111,5 @@ def test_the_workers_appear_only_in_a_cluster() -> None:
 def test_a_batchnorm_network_is_judged_against_ghost_batchnorm() -> None:
     result = _result(batchnorm=True, mean_vs_single=_comparison(3e-3))
     assert result.passed
-    assert "Only the ghost comparison is at rounding level" in result.explanation
+    assert "Only the per-shard comparison is at rounding level" in result.explanation
+    assert "difference from one device is BatchNorm, not averaging" in result.explanation

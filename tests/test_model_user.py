@@ -346,7 +346,7 @@ def test_gradcheck_on_a_users_batchnorm_network_agrees_with_ghost_batchnorm(tmp_
     assert result["mean_vs_single"]["max_rel_diff"] > 1e-3
     assert result["passed"]
     explanation = result["explanation"]
-    assert "Only the ghost comparison is at rounding level" in explanation
+    assert "Only the per-shard comparison is at rounding level" in explanation
     assert "rounding level: what remains" not in explanation
 
 

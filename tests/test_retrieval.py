@@ -172,3 +172,69 @@ def test_the_evaluator_ranks_the_whole_test_split_whatever_its_batches(tmp_path)
     assert evaluation.examples == 1200
     assert evaluation.metric == pytest.approx(direct.recall)
     assert evaluation.loss == pytest.approx(direct.loss, rel=1e-5)
+
+
+PAIR_MODEL = """
+import keras
+
+def build(input_shape, ids):
+    inputs = keras.Input(shape=input_shape)
+    x = keras.layers.Flatten()(inputs)
+    query = keras.layers.Dense(6, activation="tanh")(x)
+    candidate = keras.layers.Dense(6)(x)
+    return keras.Model(inputs, keras.ops.stack([query, candidate], axis=1))
+"""
+# Not a mean over examples, and not a loss towerbench knows: each example against its batch's mean.
+CENTRED = """
+import tensorflow as tf
+
+def centred(y_true, y_pred):
+    return tf.reduce_mean(tf.square(y_pred - tf.reduce_mean(y_pred, 0) - y_true), -1)
+"""
+
+
+@pytest.mark.slow
+def test_gradcheck_names_in_batch_negatives_as_the_cause_and_does_not_pass(tmp_path):
+    from towerbench.model.gradcheck import run_gradcheck
+
+    (tmp_path / "pairs.py").write_text(PAIR_MODEL)
+    result = run_gradcheck(
+        f"{tmp_path}/pairs.py:build", 2, 16, seed=1, input_shape=(4, 4, 1), num_classes=50,
+        loss="in_batch_softmax", temperature=0.5,
+    )  # fmt: skip
+    assert not result.passed
+    assert result.mean_vs_single.max_rel_diff > result.tolerance
+    assert result.ghost_vs_mean.max_rel_diff <= result.tolerance  # per shard, as the towers
+    assert result.loss_vs_shards > result.tolerance
+    document = result.to_json()
+    assert document["passed"] is False and document["batch_dependent"] == ["in_batch_softmax"]
+    assert (
+        "Only the per-shard comparison is at rounding level, so the difference from one device "
+        "is in_batch_softmax, not averaging. in_batch_softmax: each tower's softmax sees its own "
+        "B/k = 8 candidates, not the batch's B = 16 (the per-example losses differ by "
+    ) in document["explanation"]
+
+
+@pytest.mark.slow
+def test_gradcheck_finds_your_own_loss_that_is_not_a_mean_over_examples(tmp_path):
+    from towerbench.model.gradcheck import run_gradcheck
+
+    (tmp_path / "losses.py").write_text(CENTRED)
+    model = f"{tmp_path}/dense.py:build"
+    (tmp_path / "dense.py").write_text(
+        "import keras\n\ndef build(input_shape, width):\n    inputs = keras.Input(input_shape)\n"
+        "    x = keras.layers.Flatten()(inputs)\n"
+        "    return keras.Model(inputs, keras.layers.Dense(width)(x))\n"
+    )
+    loss = f"{tmp_path}/losses.py:centred"
+    result = run_gradcheck(
+        model, 2, 16, seed=1, input_shape=(4, 4, 1), num_classes=3, loss=loss, labels="rows"
+    )
+    assert not result.passed and result.batch_dependent == [loss]
+    assert f"{loss}: it is not a mean over examples: each example's loss among a tower's 8 " in (
+        result.explanation
+    )
+    mean = run_gradcheck(
+        model, 2, 16, seed=1, input_shape=(4, 4, 1), num_classes=3, loss="mse", labels="rows"
+    )
+    assert mean.passed and mean.batch_dependent == [] and mean.loss_vs_shards <= 1e-6

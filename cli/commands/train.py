@@ -258,6 +258,7 @@ def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
         **images,
         optimizers=OPTIMIZERS,
         loss=config.loss,
+        temperature=config.temperature,
     )
     if result is None:  # a worker other than the chief: the chief reports
         return CommandResult(0, {})
@@ -305,6 +306,10 @@ def _print_comparisons(result: GradcheckResult, config: TrainConfig) -> None:
             f"max abs {item.max_abs_diff:.2e}, max rel {item.max_rel_diff:.2e}; weights "
             f"after one step max rel {item.weights_max_rel_diff:.2e}"
         )
+    print(
+        f"loss_vs_shards: per-example losses of each tower's shard against the batch's, max rel "
+        f"{result.loss_vs_shards:.2e}"
+    )
     summed = result.sum_vs_mean
     print(
         f"sum_vs_mean: ratio {summed.ratio:.6f} (expected {config.towers}), "

@@ -113,6 +113,7 @@ def log_evaluation(result: Any) -> None:
             integer_inputs="int" in str(spec.dtype),
             loss=config.loss,
             labels=result.labels,
+            temperature=config.temperature,
         )
         if check is not None:  # None on a worker other than the chief
             mlflow.log_dict(check.to_json(), "gradcheck.json")
