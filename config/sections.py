@@ -214,6 +214,13 @@ class TrainConfig(StrictModel):
         gt=0,
         description="in_batch_softmax: the logits are q·cᵀ divided by this (1: TFRS' default).",
     )
+    cross_tower: Literal["local", "gather"] = Field(
+        "local",
+        description="in_batch_softmax: local (each tower's queries against its own B/k "
+        "candidates, what averaging towers computes) or gather (every tower's candidates, "
+        "gathered across the towers and workers, gradients through each tower's own: k towers "
+        "then compute one device's big-batch loss and gradient).",
+    )
     eval_candidates: int = Field(
         1000,
         ge=2,

@@ -28,6 +28,7 @@ TF_CONFIG = "TF_CONFIG"
 _GROUP_KEY = 1_000_000
 STEP_INSTANCE_KEY = 1
 BROADCAST_INSTANCE_KEY = 2
+GATHER_INSTANCE_KEY = 3
 _BARRIER_MILLISECONDS = 1_800_000  # the chief may still be logging to MLflow
 # The coordination service runs in the chief: after the last barrier it stays this long, so the
 # others get their barrier replies before it exits (without it a peer's reply was lost once).

@@ -122,6 +122,7 @@ class GradcheckResult(BaseModel):
     learning_rate: float
     weight_decay: float
     loss: str = "sparse_categorical_crossentropy"
+    cross_tower: str = "local"  # gather: each tower's loss sees every tower's candidates
     # What in the network makes towers differ: BatchNorm, and the dropout layers switched off.
     batchnorm: bool
     dropout_disabled: list[str]
@@ -148,6 +149,10 @@ class GradcheckResult(BaseModel):
         return self.loss_vs_shards > self.tolerance
 
     @property
+    def gathered(self) -> bool:
+        return self.cross_tower == "gather"
+
+    @property
     def batch_dependent(self) -> list[str]:
         """The parts whose value on a tower's B/k examples is not their share of the batch's."""
         return ["BatchNorm"] * self.batchnorm + [self.loss] * self.loss_batch_dependent
@@ -160,7 +165,9 @@ class GradcheckResult(BaseModel):
         towers train another objective than the batch's."""
         per_shard = self.batchnorm and not self.loss_batch_dependent
         reference = self.ghost_vs_mean if per_shard else self.mean_vs_single
-        compared: list[Comparison | UpdateCheck] = [reference, self.mirrored_vs_mean]
+        compared: list[Comparison | UpdateCheck] = [reference]
+        if not self.gathered:  # MirroredStrategy's replicas here take their own candidates
+            compared.append(self.mirrored_vs_mean)
         if not self.batchnorm:
             compared += self.updates_vs_single
         if self.workers_vs_single is not None and not self.batchnorm:
@@ -204,6 +211,7 @@ class _Problem:
     labels: Any  # tf.Tensor: class ids (B,), or rows (B, num_classes) for the other losses
     precision: Precision
     temperature: float = 1.0  # in_batch_softmax's
+    cross_tower: str = "local"
 
     def per_example_loss(self):
         from towerbench.model.losses import per_example_loss
@@ -302,6 +310,7 @@ def _tower_run(
         update={
             "loss": problem.loss,
             "temperature": problem.temperature,
+            "cross_tower": problem.cross_tower,
             "aggregation": aggregation,
             "weight_decay": problem.weight_decay,
             "precision": problem.precision,
@@ -325,6 +334,7 @@ def _update_config(problem: _Problem, optimizer: str):
         precision=problem.precision,
         loss=problem.loss,
         temperature=problem.temperature,
+        cross_tower=problem.cross_tower,
     )
 
 
@@ -472,7 +482,15 @@ def _batch_dependence(result: GradcheckResult) -> list[str]:
             "function from BatchNorm over the whole batch, as MirroredStrategy's replicas "
             "compute it too."
         )
-    if result.loss_batch_dependent:
+    if result.loss_batch_dependent and result.gathered:
+        causes.append(
+            f"{result.loss} depends on the batch (the per-example losses of a tower's {shard} "
+            f"examples differ from the batch's by {result.loss_vs_shards:.2e}), and "
+            f"cross_tower gather gives each tower's loss all {batch} candidates of the batch, "
+            "gathered across the towers with gradients through each tower's own: the towers "
+            "compute one device's loss."
+        )
+    elif result.loss_batch_dependent:
         known = BATCH_DEPENDENCE.get(result.loss)
         causes.append(
             f"{result.loss}: "
@@ -504,13 +522,13 @@ def _cause(result: GradcheckResult) -> str:
         f"Measured (relative difference of gradients): towers vs one device {single:.2e}"
         f"{ghost_text}; tolerance {tolerance:g} in {precision}."
     )
+    causes = " ".join(_batch_dependence(result))
     if single <= tolerance:
         return (
             f"{measured} That is rounding level: what remains is {precision} rounding, each "
             "tower summing its own examples before the partial sums are added, a different order "
-            "of additions than one device's."
+            "of additions than one device's." + (f" {causes}" if result.gathered else "")
         )
-    causes = " ".join(_batch_dependence(result))
     if parts and ghost <= tolerance:
         return (
             f"{measured} Only the per-shard comparison is at rounding level, so the difference "
@@ -537,7 +555,12 @@ def _explanation(result: GradcheckResult) -> str:
         "MirroredStrategy sums per-replica gradients; scaling each replica's loss by the global "
         "batch (tf.nn.compute_average_loss) makes that sum the mean, so it agrees with the "
         f"towers to {result.mirrored_vs_mean.max_rel_diff:.2e} (with one device: "
-        f"{result.mirrored_vs_single.max_rel_diff:.2e}).",
+        f"{result.mirrored_vs_single.max_rel_diff:.2e})"
+        + (
+            "; its replicas here score their own candidates only (cross_tower local)."
+            if result.gathered
+            else "."
+        ),
     ]
     if result.dropout_disabled:
         lines.append(
@@ -557,7 +580,7 @@ def _explanation(result: GradcheckResult) -> str:
         lines.append(
             f"{after} differ from one device's by up to {worst.max_rel_diff:.2e} "
             f"({worst.optimizer}): each step's gradient is another objective's."
-            if result.loss_batch_dependent
+            if result.loss_batch_dependent and not result.gathered
             else f"{after} equal one device's to {worst.max_rel_diff:.2e} at most "
             f"({worst.optimizer}): every step sees the same averaged gradient, so the "
             "optimizers' own state (momentum, moments, trust ratios) agrees too"
@@ -598,6 +621,7 @@ class _Feed:
     integer_inputs: bool
     loss: str
     temperature: float
+    cross_tower: str
     held: LabelKind
 
 
@@ -633,6 +657,7 @@ def _problem(
         labels,
         precision,
         feed.temperature,
+        feed.cross_tower,
     )
     return problem, reference
 
@@ -694,6 +719,7 @@ def run_gradcheck(
     loss: str = "sparse_categorical_crossentropy",
     labels: LabelKind = "class_ids",
     temperature: float = 1.0,
+    cross_tower: str = "local",
 ) -> GradcheckResult | None:
     """Compare one device, k towers (mean, sum) and MirroredStrategy on one fixed batch of
     `input_shape` inputs (default: the network's images, else USER_INPUT_SHAPE; token ids when
@@ -705,7 +731,7 @@ def run_gradcheck(
     cluster = cluster or Cluster()
     devices = _tower_devices(towers, global_batch, cluster)
     shape = tuple(input_shape or INPUT_SHAPES.get(model, USER_INPUT_SHAPE))
-    feed = _Feed(shape, num_classes, integer_inputs, loss, temperature, labels)
+    feed = _Feed(shape, num_classes, integer_inputs, loss, temperature, cross_tower, labels)
     problem, reference = _problem(model, global_batch, seed, precision, feed, devices)
     across = _workers_run(problem, devices, cluster) if cluster.workers > 1 else None
     if not cluster.is_chief:
@@ -713,9 +739,7 @@ def run_gradcheck(
     one_device = TowerDevices(devices.devices[:1], devices.parameter_device, devices.kind, 1)
     single = _tower_run(problem, one_device, "mean")
     mean = _tower_run(problem, devices, "mean")
-    summed = _tower_run(problem, devices, "sum")
     mirrored = _mirrored_run(problem, devices)
-    ghost = _ghost_run(problem, devices.devices[0], towers)
     names = [v.path for v in reference.trainable_variables]
     return GradcheckResult(
         model=model,
@@ -726,15 +750,16 @@ def run_gradcheck(
         learning_rate=GRADCHECK_LR,
         weight_decay=problem.weight_decay,
         loss=loss,
+        cross_tower=cross_tower,
         batchnorm=has_batch_norm(reference),
         dropout_disabled=disable_dropout(reference),
         precision=precision,
         tolerance=TOLERANCE[precision],
         mean_vs_single=_comparison(mean, single, names),
-        sum_vs_mean=_sum_vs_mean(summed, mean, towers),
+        sum_vs_mean=_sum_vs_mean(_tower_run(problem, devices, "sum"), mean, towers),
         mirrored_vs_single=_comparison(mirrored, single, names),
         mirrored_vs_mean=_comparison(mirrored, mean, names),
-        ghost_vs_mean=_comparison(mean, ghost, names),
+        ghost_vs_mean=_comparison(mean, _ghost_run(problem, devices.devices[0], towers), names),
         loss_vs_shards=_loss_vs_shards(problem, towers),
         workers=cluster.workers if across is not None else None,
         workers_vs_single=None if across is None else _comparison(across, single, names),

@@ -29,6 +29,7 @@ import tensorflow as tf
 from towerbench.config.losses import judged_by_accuracy
 from towerbench.core.tfrecord_format import LabelKind
 from towerbench.model.cluster import STEP_INSTANCE_KEY, Cluster, sum_over_workers
+from towerbench.model.cross_tower import Gathered, over_workers, with_own
 from towerbench.model.devices import TowerDevices
 from towerbench.model.losses import PerExampleLoss, per_example_loss, true_classes
 from towerbench.model.precision import LossScale
@@ -85,6 +86,7 @@ class TowerGradientFunction:
         jit_compile: bool = False,
         loss: str = "sparse_categorical_crossentropy",
         temperature: float = 1.0,
+        cross_tower: str = "local",
     ):
         if aggregation not in ("mean", "sum"):
             raise ValueError(f"aggregation must be mean or sum, got {aggregation!r}")
@@ -95,6 +97,7 @@ class TowerGradientFunction:
         self.cluster = cluster
         self.loss: PerExampleLoss = per_example_loss(loss, temperature)
         self.loss_name = loss
+        self.gather = cross_tower == "gather"  # model.cross_tower
         self.trainable = list(model.trainable_variables)
         self.non_trainable = list(model.non_trainable_variables)
         # Floating-point state (BatchNorm's moving statistics) is averaged over the towers; the
@@ -124,10 +127,11 @@ class TowerGradientFunction:
         """Towers of all workers."""
         return self.towers * self.cluster.workers
 
-    def _tower_pass(self, weights, non_trainable, images, labels, normalizer, scale):
+    def _tower_pass(self, weights, non_trainable, images, labels, normalizer, scale, gathered):
         """One tower: forward, loss, backward. Shapes: images (b, H, W, C), labels (b,) class
         ids or (b, columns) rows. The gradients are of the loss times `scale` (float16's loss
-        scale, else 1)."""
+        scale, else 1). With `gathered` (model.cross_tower) the loss is every query's of the
+        batch, through the tower's own outputs; what it reports is its own examples'."""
         with tf.GradientTape() as tape:
             tape.watch(weights)
             logits, new_non_trainable, losses = self.model.stateless_call(
@@ -135,8 +139,12 @@ class TowerGradientFunction:
             )
             call_losses = [tf.cast(x, tf.float32) for x in losses[: len(losses) - self.regularized]]
             model_loss = tf.add_n(call_losses) if call_losses else tf.constant(0.0)
-            per_example = self.loss(labels, logits)
-            loss = tf.reduce_sum(per_example) / normalizer + model_loss
+            if gathered is None:
+                objective = per_example = self.loss(labels, logits)
+            else:
+                objective = self.loss(gathered.labels, with_own(gathered, logits))
+                per_example = objective[gathered.start : gathered.start + int(images.shape[0])]
+            loss = tf.reduce_sum(objective) / normalizer + model_loss
             scaled = loss * scale if self.loss_scale.dynamic else loss
         gradients = tape.gradient(scaled, weights)
         return (
@@ -174,7 +182,12 @@ class TowerGradientFunction:
             # float16 only: the other precisions read no scale on the hot path.
             scale = tf.convert_to_tensor(self.loss_scale.scale) if self.loss_scale.dynamic else None
         first_replica = self.cluster.index * self.towers
-        results = self._every_tower(weights, non_trainable, images, labels, scale, first_replica)
+        gathered = (
+            self._gathered(weights, non_trainable, images, labels, first_replica)
+            if self.gather
+            else [None] * self.towers
+        )
+        results = self._every_tower(weights, non_trainable, images, labels, scale, gathered)
         with tf.device(self.devices.parameter_device):
             sums, states = self._tower_sums(results, scale)
             if self.cluster.workers > 1:
@@ -228,22 +241,52 @@ class TowerGradientFunction:
             big_norm_sq=big,
         )
 
-    def _every_tower(self, weights, non_trainable, images, labels, scale, first_replica: int):
+    def _every_tower(self, weights, non_trainable, images, labels, scale, gathered: list):
         """Each tower's pass (`_tower_pass`'s results) over its shard of the batch, on its own
-        device, from its own random state."""
+        device, from its own random state, with its `gathered` batch or None."""
         batch = int(images.shape[0])
         sizes = shard_sizes(batch, self.towers)
         normalizer = tf.constant(batch / self.towers, tf.float32)
+        first_replica = self.cluster.index * self.towers
         results = []
-        for tower, (device, shard_images, shard_labels) in enumerate(
-            zip(self.devices.devices, tf.split(images, sizes), tf.split(labels, sizes), strict=True)
+        for tower, (device, shard_images, shard_labels, batch_seen) in enumerate(
+            zip(
+                self.devices.devices,
+                tf.split(images, sizes),
+                tf.split(labels, sizes),
+                gathered,
+                strict=True,
+            )
         ):
             state = self._tower_state(non_trainable, first_replica + tower)
             with tf.device(device):
                 results.append(
-                    self._tower(weights, state, shard_images, shard_labels, normalizer, scale)
+                    self._tower(
+                        weights, state, shard_images, shard_labels, normalizer, scale, batch_seen
+                    )
                 )
         return results
+
+    def _gathered(self, weights, non_trainable, images, labels, first_replica: int) -> list:
+        """Each tower's view of the whole batch (model.cross_tower): a first forward pass of
+        every tower from the random state its training pass starts from, so the outputs are
+        the same, gathered over the towers and the workers."""
+        sizes = shard_sizes(int(images.shape[0]), self.towers)
+        outputs = []
+        for tower, (device, shard_images) in enumerate(
+            zip(self.devices.devices, tf.split(images, sizes), strict=True)
+        ):
+            state = self._tower_state(non_trainable, first_replica + tower)
+            with tf.device(device):
+                tower_outputs, _ = self.model.stateless_call(
+                    weights, state, shard_images, training=True
+                )
+                outputs.append(tf.cast(tower_outputs, tf.float32))
+        with tf.device(self.devices.parameter_device):
+            batch_outputs, batch_labels = over_workers(tf.concat(outputs, 0), labels, self.cluster)
+        start = self.cluster.index * int(images.shape[0])
+        starts = [start + sum(sizes[:tower]) for tower in range(self.towers)]
+        return [Gathered(batch_outputs, batch_labels, first) for first in starts]
 
     def _new_state(self, states, state_sums: list[tf.Tensor], first_replica: int):
         """Each state variable's value after the step: the towers' mean of floating-point

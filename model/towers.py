@@ -57,6 +57,7 @@ class TowerTrainer:
         adascale: AdaScale | None = None,
         loss: str = "sparse_categorical_crossentropy",
         temperature: float = 1.0,
+        cross_tower: str = "local",
     ):
         self.model = network.model
         self.optimizer = optimizer
@@ -81,6 +82,7 @@ class TowerTrainer:
             jit_compile,
             loss,
             temperature,
+            cross_tower,
         )
         # No AutoGraph: the step's control flow is all Python, and converting it would add
         # about a second to every training process's first step.
@@ -205,4 +207,5 @@ def tower_trainer(
         adascale,
         config.loss,
         config.temperature,
+        config.cross_tower,
     )

@@ -58,6 +58,11 @@ def _check_loss_takes(config: TrainConfig, manifest: Manifest) -> None:
             f"--loss {config.loss} needs your own model returning (batch, 2, d), a query's "
             f"embedding and its candidate's; --model {config.model} returns class logits"
         )
+    if config.cross_tower == "gather" and config.loss not in EMBEDDING_PAIRS:
+        raise TowerbenchError(
+            f"--cross-tower gather applies to in_batch_softmax; --loss {config.loss} is a mean "
+            "over examples, which averaged towers already compute exactly"
+        )
     takes = labels_taken(config.loss, manifest.labels)
     if takes != manifest.labels:
         holds = (

@@ -21,6 +21,7 @@ KEYS = [
     "learning_rate",
     "weight_decay",
     "loss",
+    "cross_tower",
     "batchnorm",
     "dropout_disabled",
     "precision",

@@ -4,9 +4,13 @@ model whose output is not (batch, 2, d) refused in one line."""
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
+from pathlib import Path
 
 import fixtures_model
+import fixtures_user
 import keras
 import numpy as np
 import pytest
@@ -24,6 +28,7 @@ from towerbench.model.metric_values import fixed_candidates, retrieval
 from towerbench.model.training_data import check_config_against_data
 from towerbench.model.user_model import check_model
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RNG = np.random.default_rng(3)
 PAIRS = RNG.normal(size=(4, 2, 3)).astype(np.float32)  # 4 examples: query, candidate; d = 3
 IDS = np.array([7, 2, 7, 5], np.int32)  # examples 0 and 2 share their candidate
@@ -238,3 +243,120 @@ def test_gradcheck_finds_your_own_loss_that_is_not_a_mean_over_examples(tmp_path
         model, 2, 16, seed=1, input_shape=(4, 4, 1), num_classes=3, loss="mse", labels="rows"
     )
     assert mean.passed and mean.batch_dependent == [] and mean.loss_vs_shards <= 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("towers", [2, 4])
+def test_gathered_towers_compute_one_devices_gradient(tmp_path, towers):
+    from towerbench.model.gradcheck import run_gradcheck
+
+    (tmp_path / "pairs.py").write_text(PAIR_MODEL)
+    result = run_gradcheck(
+        f"{tmp_path}/pairs.py:build", towers, 16, seed=1, input_shape=(4, 4, 1), num_classes=5,
+        loss="in_batch_softmax", cross_tower="gather",
+    )  # fmt: skip
+    assert result.passed and result.cross_tower == "gather"
+    assert result.mean_vs_single.max_rel_diff <= 1e-5
+    assert result.loss_vs_shards > 1e-5  # the loss still depends on the batch: gather cures it
+    assert "cross_tower gather gives each tower's loss all 16 candidates" in result.explanation
+
+
+@pytest.mark.slow
+def test_gathered_across_two_workers_of_two_towers_compute_one_devices_gradient(tmp_path, capfd):
+    from towerbench.cli.main import main
+
+    (tmp_path / "pairs.py").write_text(PAIR_MODEL)
+    status = main(
+        ["gradcheck", "--model", f"{tmp_path}/pairs.py:build", "--loss", "in_batch_softmax"]
+        + ["--cross-tower", "gather", "--workers", "2", "--towers", "2", "--global-batch", "16"]
+        + ["--temperature", "0.5", "--json"]
+    )
+    captured = capfd.readouterr()
+    assert status == 0, captured.err[-3000:]
+    document = json.loads(captured.out)
+    assert document["workers"] == 2 and document["cross_tower"] == "gather"
+    assert document["workers_vs_single"]["max_rel_diff"] <= 1e-5
+    assert document["mean_vs_single"]["max_rel_diff"] <= 1e-5
+
+
+def _interactions(data_dir, examples: int = 256, test: int = 64) -> None:
+    """Query and candidate features side by side, the candidate's id as the label."""
+    rng = np.random.default_rng(0)
+    items = rng.normal(size=(40, 3))
+    ids = rng.integers(0, 40, examples + test)
+    x = np.concatenate([items[ids] + 0.3 * rng.normal(size=(len(ids), 3)), items[ids]], 1)
+    x = x.astype(np.float32)
+    splits = {"train": (x[:examples], ids[:examples]), "test": (x[examples:], ids[examples:])}
+    names = [str(i) for i in range(40)]
+    write_dataset(dataset_dir(data_dir, "pairs"), "pairs", names, splits, 1, {})
+
+
+SIDES = """
+import keras
+
+def build(input_shape, ids):
+    inputs = keras.Input(shape=input_shape)
+    query = keras.layers.Dense(8)(inputs[:, :3])
+    candidate = keras.layers.Dense(8)(inputs[:, 3:])
+    return keras.Model(inputs, keras.ops.stack([query, candidate], axis=1))
+"""
+
+
+@pytest.mark.slow
+def test_gathered_towers_train_as_one_device_and_local_ones_do_not(tmp_path):
+    from towerbench.model import training
+
+    _interactions(tmp_path)
+    (tmp_path / "sides.py").write_text(SIDES)
+    common = {
+        "dataset": "pairs", "model": f"{tmp_path}/sides.py:build", "loss": "in_batch_softmax",
+        "global_batch": 32, "epochs": 2, "optimizer": "adam", "crop_size": None,
+    }  # fmt: skip
+    one = training.train(TrainConfig(towers=1, **common), tmp_path)
+    gathered = training.train(TrainConfig(towers=2, cross_tower="gather", **common), tmp_path)
+    local = training.train(TrainConfig(towers=2, **common), tmp_path)
+    for by_one, by_gather, by_local in zip(
+        one.history, gathered.history, local.history, strict=True
+    ):
+        assert by_gather.cross_entropy == pytest.approx(by_one.cross_entropy, rel=1e-4)
+        assert by_gather.test_cross_entropy == pytest.approx(by_one.test_cross_entropy, rel=1e-4)
+        assert by_local.cross_entropy < by_one.cross_entropy  # 16 candidates each, not 32
+
+
+def test_gather_for_a_mean_over_examples_is_refused_in_one_line(tmp_path):
+    data_dir = fixtures_model.write_digits(tmp_path, train=32, test=8)
+    manifest = load_manifest(dataset_dir(data_dir, "digits"))
+    with pytest.raises(TowerbenchError, match=r"^--cross-tower gather applies to in_batch_softmax"):
+        check_config_against_data(TrainConfig(cross_tower="gather", towers=1), manifest)
+
+
+FROM_PYTHON = """
+import json
+import towerbench
+from retrieval import build, interactions
+
+result = towerbench.train(
+    model=build, data=interactions(), name="retrieval",
+    loss="in_batch_softmax", cross_tower="gather", towers=2, epochs=1, global_batch=64,
+    optimizer="adam", tracking_uri="sqlite:///mlflow.db",
+)
+print(json.dumps(result.model_dump(mode="json")))
+"""
+
+
+@pytest.mark.slow
+def test_cross_tower_from_python_trains_gathered_and_gradcheck_passes(tmp_path):
+    import mlflow
+
+    shutil.copy(EXAMPLES / "retrieval.py", tmp_path / "retrieval.py")
+    done = fixtures_user.run_script(tmp_path, FROM_PYTHON, timeout=600)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["status"] == "completed" and result["metric"] == "recall_at_10"
+    assert 0 < result["test_metric"] <= 1
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert client.get_run(result["run_id"]).data.params["cross_tower"] == "gather"
+    check = json.loads(
+        Path(client.download_artifacts(result["run_id"], "gradcheck.json")).read_text()
+    )
+    assert check["passed"] and check["cross_tower"] == "gather"
+    assert check["batch_dependent"] == ["in_batch_softmax"]

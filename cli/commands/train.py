@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # imported with TensorFlow, once the command runs
 # What gradcheck takes from the training configuration: the network, the towers, one batch.
 GRADCHECK_FIELDS = frozenset(
     {"model", "dataset", "towers", "workers", "global_batch", "seed", "precision", "loss"}
+    | {"temperature", "cross_tower"}
 )
 
 
@@ -259,6 +260,7 @@ def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
         optimizers=OPTIMIZERS,
         loss=config.loss,
         temperature=config.temperature,
+        cross_tower=config.cross_tower,
     )
     if result is None:  # a worker other than the chief: the chief reports
         return CommandResult(0, {})

@@ -114,6 +114,7 @@ def log_evaluation(result: Any) -> None:
             loss=config.loss,
             labels=result.labels,
             temperature=config.temperature,
+            cross_tower=config.cross_tower,
         )
         if check is not None:  # None on a worker other than the chief
             mlflow.log_dict(check.to_json(), "gradcheck.json")
