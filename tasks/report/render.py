@@ -22,6 +22,7 @@ from towerbench.tasks.report.columns import (
     speed_columns,
     table,
 )
+from towerbench.tasks.report.in_batch import chance_levels
 from towerbench.tasks.report.statistics import (
     ACCURACY,
     GroupRow,
@@ -283,6 +284,9 @@ def _losses(rows: list[GroupRow]) -> list[str]:
         "",
         loss_paradox(rows),
     ]
+    chances = chance_levels(rows)
+    if chances is not None:
+        lines += ["", chances]
     if any(row.config.model in ("tutorial_bn", "resnet20") for row in rows):
         lines += [
             "",

@@ -17,6 +17,7 @@ from towerbench.config.sections import TrainConfig
 from towerbench.core.outcome import Status
 from towerbench.model.noise_advice import EPOCHS_TOLERANCE, epochs_needed
 from towerbench.tasks.report.batch_norm import lag_note
+from towerbench.tasks.report.in_batch import split_loss_note
 from towerbench.tasks.report.statistics import (
     GroupRow,
     RunRecord,
@@ -338,6 +339,15 @@ def _adaptive_rule_note(row: GroupRow, rows: list[GroupRow]) -> str | None:
     )
 
 
+def _gather_note(row: GroupRow, rows: list[GroupRow]) -> str | None:
+    """For local towers under in_batch_softmax: the candidates each tower saw, and gather with
+    what the sweep measured of it."""
+    note = split_loss_note(row)
+    if note is None:
+        return None
+    return _advice(note, row, rows, lambda c: c.cross_tower == "gather")
+
+
 def compare(
     runs: list[RunRecord],
     swept: list[str],
@@ -353,9 +363,9 @@ def compare(
         row.verdict = verdict(row, baseline, rows)
         if row.convergence is not None:
             row.notes.append(row.convergence.note())
-        rule_note = _adaptive_rule_note(row, rows)
-        if rule_note is not None:
-            row.notes.append(rule_note)
+        for note in (_adaptive_rule_note(row, rows), _gather_note(row, rows)):
+            if note is not None:
+                row.notes.append(note)
         if baseline is None or row.is_baseline or row.unstable or not row.score.count:
             continue
         for note in (_noise_advice(row, baseline, rows), lag_note(row, baseline)):
