@@ -46,6 +46,9 @@ def test_example_script_sweeps_and_prints_its_verdict(tmp_path, script, metric, 
     assert re.search(rf"Δ [−+][\d.e-]+{units}, 95% CI \[", verdict) or "diverged" in verdict
     report = Path(done.stdout.strip().splitlines()[-1].removeprefix("Report: "))
     assert f"| test {metric} |" in report.read_text()
+    if script == "retrieval.py":  # 4 local towers scored 32 of the batch's 128 candidates each
+        assert "cross_tower gather scores all 128" in verdict
+        assert "32 candidates, ln 32 = 3.47" in report.read_text()
     if metric == "MAE":  # a regression's output and report never say accuracy
         assert "accuracy" not in (done.stdout + report.read_text()).lower()
     assert not QUIET_BREACHES.search(done.stderr), done.stderr  # a warning may stay
