@@ -219,7 +219,8 @@ class TrainConfig(StrictModel):
         description="in_batch_softmax: local (each tower's queries against its own B/k "
         "candidates, what averaging towers computes) or gather (every tower's candidates, "
         "gathered across the towers and workers, gradients through each tower's own: k towers "
-        "then compute one device's big-batch loss and gradient).",
+        "then compute one device's big-batch loss and gradient, for a network without "
+        "BatchNorm; not with xla or adascale).",
     )
     eval_candidates: int = Field(
         1000,

@@ -46,7 +46,8 @@ def over_workers(outputs: tf.Tensor, labels: tf.Tensor, cluster: Cluster) -> tup
     slot = [[cluster.index * size, (cluster.workers - 1 - cluster.index) * size]]
     placed = [
         tf.pad(outputs, slot + [[0, 0]] * (rank - 1)),
-        tf.pad(tf.cast(labels, tf.float32), slot),  # ids below 2**24 are exact in float32
+        tf.pad(tf.cast(labels, tf.float64), slot),
     ]
-    every_output, every_label = sum_over_workers(placed, cluster, GATHER_INSTANCE_KEY)
+    # float64 on the wire: the outputs and any id below 2**53 arrive exactly.
+    every_output, every_label = sum_over_workers(placed, cluster, GATHER_INSTANCE_KEY, tf.float64)
     return every_output, tf.cast(tf.round(every_label), labels.dtype)

@@ -92,7 +92,8 @@ class Evaluator:
             for v in (non_trainable or [v.value for v in self.non_trainable])
         ]
         loss = 0.0
-        confusion = np.zeros((self.classes, self.classes), np.int64)
+        by_accuracy = self.metric == "accuracy"
+        confusion = np.zeros((self.classes, self.classes) if by_accuracy else (0, 0), np.int64)
         kept_labels, kept_outputs = [], []
         for images, labels, mask in self.dataset:
             loss_sum, result = self.predict_batch(values, state, images, labels, mask)

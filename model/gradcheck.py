@@ -161,8 +161,8 @@ class GradcheckResult(BaseModel):
     def passed(self) -> bool:
         """Towers, MirroredStrategy (and workers) agree with one device, or with ghost BatchNorm
         on a BatchNorm network, within the tolerance; and so do the optimizers' updates on a
-        network without BatchNorm. A loss that is not a mean over examples never passes: the
-        towers train another objective than the batch's."""
+        network without BatchNorm. A loss that is not a mean over examples passes only gathered
+        (cross_tower gather): local towers train another objective than the batch's."""
         per_shard = self.batchnorm and not self.loss_batch_dependent
         reference = self.ghost_vs_mean if per_shard else self.mean_vs_single
         compared: list[Comparison | UpdateCheck] = [reference]
@@ -251,11 +251,13 @@ def _decay_loss(network, weight_decay: float):
     return WeightDecay(network, weight_decay).loss()
 
 
-def _differences(a: list[np.ndarray], b: list[np.ndarray]) -> list[tuple[float, float]]:
+def _differences(
+    a: list[np.ndarray], b: list[np.ndarray], gradients: bool = False
+) -> list[tuple[float, float]]:
     """Per variable: the largest absolute difference of a from b, and that over b's largest
-    absolute value (||a - b||_inf / ||b||_inf), or over all of b's where the variable's is
-    rounding noise around 0 (ZERO_LIKE)."""
-    overall = max(float(np.max(np.abs(right))) for right in b)
+    absolute value (||a - b||_inf / ||b||_inf); for `gradients`, over all of b's where the
+    variable's is rounding noise around 0 (ZERO_LIKE)."""
+    overall = max(float(np.max(np.abs(right))) for right in b) if gradients else 0.0
     differences = []
     for left, right in zip(a, b, strict=True):
         absolute = float(np.max(np.abs(left - right)))
@@ -273,7 +275,7 @@ def _largest(differences: list[tuple[float, float]]) -> tuple[float, float]:
 
 def _comparison(way: Way, reference: Way, names: list[str]) -> Comparison:
     """`way`'s differences from `reference`, of the gradients and of the weights after one step."""
-    gradient = _differences(way[0], reference[0])
+    gradient = _differences(way[0], reference[0], gradients=True)
     after_step = _differences(way[1], reference[1])
     max_abs_diff, max_rel_diff = _largest(gradient)
     weights_max_abs_diff, weights_max_rel_diff = _largest(after_step)

@@ -72,7 +72,8 @@ def retrieval(
     """Every query (pairs[:, 0]) whose candidate id is among the fixed candidates (pairs[:, 1]
     of `fixed_candidates`) scored against all of them, q·cᵀ / `temperature`: recall@`k` and the
     softmax loss over the set. A candidate scored equal to the query's own shares its place at
-    random (counted by its expectation), so tied scores earn no recall."""
+    random (counted by its expectation), so tied scores earn no recall; a query with a score
+    that is not a number ranks nothing."""
     chosen = fixed_candidates(ids, limit)
     candidate_ids = ids[chosen]
     asked = np.isin(ids, candidate_ids)
@@ -83,7 +84,8 @@ def retrieval(
     own = scores[np.arange(len(queries)), own_column]
     better = (scores > own[:, None]).sum(1)
     tied = (scores == own[:, None]).sum(1) - 1
-    recall = np.clip((k - better) / (tied + 1), 0, 1)
+    recall = np.clip((k - better) / np.maximum(tied + 1, 1), 0, 1)
+    recall[~np.isfinite(scores).all(1)] = 0.0  # a diverged model's scores rank nothing
     top = scores.max(1, keepdims=True)
     log_total = top[:, 0] + np.log(np.exp(scores - top).sum(1))
     return Retrieval(

@@ -130,15 +130,21 @@ class TowerTrainer:
             self._update_noise(combined, local_batch, batch)
             return self.metrics.record(combined, decay_loss + combined.model_loss, batch, lr)
 
+    @property
+    def measures_noise(self) -> bool:
+        """Each tower's gradient is a small batch's: with several replicas, unless gathered
+        (model.cross_tower), where a tower's gradient is its share of the batch's."""
+        return self.replicas > 1 and not self.tower_gradients.gather
+
     def _update_noise(self, combined: TowerGradients, local_batch: int, batch: int) -> None:
-        if self.replicas > 1 and local_batch % self.towers == 0:
+        if self.measures_noise and local_batch % self.towers == 0:
             self.noise.update(
                 combined.small_norm_sq, combined.big_norm_sq, local_batch // self.towers, batch
             )
 
     def noise_scale(self) -> float | None:
-        """B_simple so far; None with one replica (nothing to measure)."""
-        return self.noise.value() if self.replicas > 1 else None
+        """B_simple so far; None with one replica or gathered towers (nothing to measure)."""
+        return self.noise.value() if self.measures_noise else None
 
     def adascale_state(self) -> AdaScaleState | None:
         """AdaScale's gain, averages and tau (None without AdaScale)."""

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from towerbench.config.losses import EMBEDDING_PAIRS, labels_taken
-from towerbench.config.metrics import resolved_metric
+from towerbench.config.metrics import recall_cutoff, resolved_metric
 from towerbench.config.model_ref import parse_model
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
@@ -51,17 +51,33 @@ def _check_network_takes(config: TrainConfig, manifest: Manifest) -> None:
 _LABELS_NAMED = {"class_ids": "class ids", "rows": "label rows"}
 
 
-def _check_loss_takes(config: TrainConfig, manifest: Manifest) -> None:
-    """The loss takes the dataset's labels (class ids or rows), and the metric fits the loss."""
+def refuse_built_in_pairs(config: TrainConfig) -> None:
+    """in_batch_softmax takes the user's model's (batch, 2, d): a built-in network is refused."""
     if config.loss in EMBEDDING_PAIRS and parse_model(config.model).builtin:
         raise TowerbenchError(
             f"--loss {config.loss} needs your own model returning (batch, 2, d), a query's "
             f"embedding and its candidate's; --model {config.model} returns class logits"
         )
+
+
+def _check_loss_takes(config: TrainConfig, manifest: Manifest) -> None:
+    """The loss takes the dataset's labels (class ids or rows), and the metric fits the loss."""
+    refuse_built_in_pairs(config)
     if config.cross_tower == "gather" and config.loss not in EMBEDDING_PAIRS:
         raise TowerbenchError(
             f"--cross-tower gather applies to in_batch_softmax; --loss {config.loss} is a mean "
             "over examples, which averaged towers already compute exactly"
+        )
+    if config.cross_tower == "gather" and config.xla:
+        raise TowerbenchError(
+            "--cross-tower gather with --xla: the gathering forward pass is not compiled, so "
+            "XLA's training pass would draw other dropout masks than it; train without --xla"
+        )
+    if config.cross_tower == "gather" and config.lr_scaling == "adascale":
+        raise TowerbenchError(
+            "--cross-tower gather with --lr-scaling adascale: AdaScale's gain needs each "
+            "tower's gradient of its own small batch, and a gathered tower's is its share of the "
+            "batch's; use linear or sqrt"
         )
     takes = labels_taken(config.loss, manifest.labels)
     if takes != manifest.labels:
@@ -89,6 +105,13 @@ def _check_loss_takes(config: TrainConfig, manifest: Manifest) -> None:
         metric = resolved_metric(config.metric, config.loss, manifest.labels)
     except ValueError as error:
         raise TowerbenchError(str(error)) from None
+    cutoff = recall_cutoff(metric)
+    if cutoff is not None and cutoff >= config.eval_candidates:
+        raise TowerbenchError(
+            f"--metric {metric} ranks each query among --eval-candidates "
+            f"{config.eval_candidates}: every query would find its own; give more candidates "
+            f"than {cutoff}"
+        )
     if manifest.labels == "rows" and len(manifest.classes) < 2 and metric == "accuracy":
         raise TowerbenchError(
             f"--loss {config.loss}: {config.dataset!r} holds label rows of 1 column, and a class "

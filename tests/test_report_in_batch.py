@@ -94,4 +94,9 @@ def test_the_loss_section_gives_each_configurations_candidates_and_chance_level(
     assert "cross_tower=local`: 32 candidates, ln 32 = 3.47" in losses
     assert "cross_tower=gather`: 128 candidates, ln 128 = 4.85" in losses
     assert "A lower training loss at more local towers is partly that easier objective" in losses
+    assert (
+        "Here the lower loss is an easier objective: in_batch_softmax over each tower's 32 "
+        "candidates, not the batch's 128" in losses
+    )
+    assert "different number of updates" not in losses
     assert "| test recall@10 |" in text

@@ -124,6 +124,11 @@ def test_an_untrained_model_whose_scores_all_tie_earns_chance_recall_only():
     np.testing.assert_array_equal(fixed_candidates(ids, 3), [0, 1, 2])
 
 
+def test_a_diverged_models_scores_rank_nothing():
+    pairs = np.full((20, 2, 4), np.nan)
+    assert retrieval(np.arange(20) % 10, pairs, 2, 1000).recall == 0.0
+
+
 def test_in_batch_softmax_is_judged_by_recall_and_nothing_else():
     assert resolved_metric("auto", "in_batch_softmax", "class_ids") == "recall_at_10"
     assert resolved_metric("recall_at_50", "in_batch_softmax", "class_ids") == "recall_at_50"
@@ -321,6 +326,8 @@ def test_gathered_towers_train_as_one_device_and_local_ones_do_not(tmp_path):
         assert by_gather.cross_entropy == pytest.approx(by_one.cross_entropy, rel=1e-4)
         assert by_gather.test_cross_entropy == pytest.approx(by_one.test_cross_entropy, rel=1e-4)
         assert by_local.cross_entropy < by_one.cross_entropy  # 16 candidates each, not 32
+    # A gathered tower's gradient is its share of the batch's, not a small batch's: no noise scale.
+    assert gathered.history[-1].noise_scale is None and local.history[-1].noise_scale is not None
 
 
 def test_gather_for_a_mean_over_examples_is_refused_in_one_line(tmp_path):
@@ -328,6 +335,15 @@ def test_gather_for_a_mean_over_examples_is_refused_in_one_line(tmp_path):
     manifest = load_manifest(dataset_dir(data_dir, "digits"))
     with pytest.raises(TowerbenchError, match=r"^--cross-tower gather applies to in_batch_softmax"):
         check_config_against_data(TrainConfig(cross_tower="gather", towers=1), manifest)
+    own = {"model": "m.py:build", "loss": "in_batch_softmax", "cross_tower": "gather"}
+    adascale = TrainConfig(lr_scaling="adascale", **own)
+    with pytest.raises(TowerbenchError, match=r"^--cross-tower gather with --lr-scaling adascale"):
+        check_config_against_data(adascale, manifest)
+    few = TrainConfig(model="m.py:build", loss="in_batch_softmax", eval_candidates=10)
+    with pytest.raises(TowerbenchError, match=r"^--metric recall_at_10 ranks each query among"):
+        check_config_against_data(few, manifest)
+    with pytest.raises(TowerbenchError, match=r"^--cross-tower gather with --xla"):
+        check_config_against_data(TrainConfig(xla=True, **own), manifest)
 
 
 FROM_PYTHON = """

@@ -27,7 +27,11 @@ from towerbench.core.native_logs import import_tensorflow
 from towerbench.core.outcome import Status
 from towerbench.model.cluster import TF_CONFIG, Cluster
 from towerbench.model.records import EpochRecord
-from towerbench.model.training_data import check_training_data, distortions_note
+from towerbench.model.training_data import (
+    check_training_data,
+    distortions_note,
+    refuse_built_in_pairs,
+)
 from towerbench.tasks.training.local_cluster import run_local_cluster
 
 if TYPE_CHECKING:  # imported with TensorFlow, once the command runs
@@ -248,6 +252,7 @@ def run_gradcheck_command(args: argparse.Namespace) -> CommandResult:
 
     tf.get_logger().setLevel("ERROR")  # four trainers on one batch: retracing warnings are noise
     cluster = Cluster.from_environment(config.collective_timeout)
+    refuse_built_in_pairs(config)
     images, why = gradcheck_images(config, params.data.data_dir)
     result = run_gradcheck(
         config.model,

@@ -53,7 +53,8 @@ def chance_levels(rows: list[GroupRow]) -> str | None:
         "`in_batch_softmax` is not a mean over examples: each query's softmax is over the "
         "candidates its tower's loss sees (B/k with cross_tower local, the batch's B with "
         "gather), and its chance level, every candidate scored alike, is the log of their "
-        f"number: {levels}. A lower training loss at more local towers is partly that easier "
-        "objective, not a better model. The test loss ranks every test query against the same "
-        "fixed test candidates (train.eval_candidates) whatever the towers, so it compares."
+        f"number at most (masked accidental hits leave fewer): {levels}. A lower training "
+        "loss at more local towers is partly that easier objective, not a better model. The "
+        "test loss ranks every test query against the same fixed test candidates "
+        "(train.eval_candidates) whatever the towers, so it compares."
     )

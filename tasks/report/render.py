@@ -22,7 +22,7 @@ from towerbench.tasks.report.columns import (
     speed_columns,
     table,
 )
-from towerbench.tasks.report.in_batch import chance_levels
+from towerbench.tasks.report.in_batch import candidates_seen, chance_levels, is_split
 from towerbench.tasks.report.statistics import (
     ACCURACY,
     GroupRow,
@@ -126,10 +126,22 @@ def loss_paradox(rows: list[GroupRow]) -> str:
         f"{metric.shown(other.score.mean)}): its test {loss} is "
         f"{row_loss['test_cross_entropy']:.3f} vs {other_loss['test_cross_entropy']:.3f}, a "
         f"train–test gap of {row_loss['generalization_gap']:.3f} vs "
-        f"{other_loss['generalization_gap']:.3f}. A lower training loss means a better fit of "
-        "the training set, not of new data: with a different number of updates at a different "
-        "learning rate the runs reach different minima, and the one that fits the training set "
-        "more tightly can generalise worse."
+        f"{other_loss['generalization_gap']:.3f}. " + _why_lower(row)
+    )
+
+
+def _why_lower(row: GroupRow) -> str:
+    """Why a configuration's lower training loss did not mean a better test metric."""
+    if is_split(row.config):
+        return (
+            f"Here the lower loss is an easier objective: {row.config.loss} over each tower's "
+            f"{candidates_seen(row.config)} candidates, not the batch's {row.config.global_batch} "
+            "(their chance levels below)."
+        )
+    return (
+        "A lower training loss means a better fit of the training set, not of new data: with a "
+        "different number of updates at a different learning rate the runs reach different "
+        "minima, and the one that fits the training set more tightly can generalise worse."
     )
 
 
