@@ -105,6 +105,9 @@ class UpdateCheck(BaseModel):
     learning_rate: float
     max_abs_diff: float
     max_rel_diff: float
+    # Variables whose gradient is rounding noise around 0 (ZERO_LIKE), left out of the weights
+    # compared: an adaptive optimizer turns noise below its epsilon into steps of LR x g / eps.
+    left_out: list[str] = []
 
 
 class GradcheckResult(BaseModel):
@@ -360,21 +363,43 @@ def _weights_after_updates(problem: _Problem, devices: TowerDevices, optimizer: 
     return [v.numpy() for v in network.model.trainable_variables]
 
 
-def _update_check(
-    problem: _Problem, devices: TowerDevices, one_device: TowerDevices, optimizer: str
-) -> UpdateCheck:
-    """`optimizer`'s weights after UPDATE_STEPS steps: k towers against one device."""
-    towers = _weights_after_updates(problem, devices, optimizer)
-    single = _weights_after_updates(problem, one_device, optimizer)
-    flat = [np.concatenate([w.ravel() for w in weights]) for weights in (towers, single)]
-    ((max_abs_diff, max_rel_diff),) = _differences([flat[0]], [flat[1]])
-    return UpdateCheck(
-        optimizer=optimizer,
-        steps=UPDATE_STEPS,
-        learning_rate=_update_config(problem, optimizer).base_lr,
-        max_abs_diff=max_abs_diff,
-        max_rel_diff=max_rel_diff,
-    )
+def _first_device(devices: TowerDevices) -> TowerDevices:
+    """One tower on the first of `devices`: the one device every way is held against."""
+    return TowerDevices(devices.devices[:1], devices.parameter_device, devices.kind, 1)
+
+
+def _update_checks(
+    problem: _Problem,
+    devices: TowerDevices,
+    optimizers: tuple[str, ...],
+    gradients: list[np.ndarray],
+    names: list[str],
+) -> list[UpdateCheck]:
+    """Each optimizer's weights after UPDATE_STEPS steps, k towers against one device, but for
+    the variables whose one-device `gradients` are rounding noise around 0 (ZERO_LIKE)."""
+    overall = max(float(np.max(np.abs(g))) for g in gradients)
+    kept = [float(np.max(np.abs(g))) > ZERO_LIKE * overall for g in gradients]
+    left_out = [name for name, keep in zip(names, kept, strict=True) if not keep]
+    checks = []
+    for optimizer in optimizers:
+        towers = _weights_after_updates(problem, devices, optimizer)
+        single = _weights_after_updates(problem, _first_device(devices), optimizer)
+        flat = [
+            np.concatenate([w.ravel() for w, keep in zip(weights, kept, strict=True) if keep])
+            for weights in (towers, single)
+        ]
+        ((max_abs_diff, max_rel_diff),) = _differences([flat[0]], [flat[1]])
+        checks.append(
+            UpdateCheck(
+                optimizer=optimizer,
+                steps=UPDATE_STEPS,
+                learning_rate=_update_config(problem, optimizer).base_lr,
+                max_abs_diff=max_abs_diff,
+                max_rel_diff=max_rel_diff,
+                left_out=left_out,
+            )
+        )
+    return checks
 
 
 def _ghost_run(problem: _Problem, device: str, towers: int) -> Way:
@@ -588,6 +613,13 @@ def _explanation(result: GradcheckResult) -> str:
             "optimizers' own state (momentum, moments, trust ratios) agrees too"
             + (", up to BatchNorm's per-tower statistics." if result.batchnorm else ".")
         )
+        if worst.left_out:
+            lines.append(
+                f"Left out of that comparison: {', '.join(worst.left_out)}, whose gradient is "
+                "rounding noise around 0; an adaptive optimizer (adam, adamw, rmsprop, lamb) "
+                "turns noise below its epsilon into steps of about LR x g / epsilon, which "
+                "differ wherever the noise does."
+            )
     if result.workers is not None and result.workers_vs_single is not None:
         workers = result.workers
         lines.append(
@@ -738,8 +770,7 @@ def run_gradcheck(
     across = _workers_run(problem, devices, cluster) if cluster.workers > 1 else None
     if not cluster.is_chief:
         return None
-    one_device = TowerDevices(devices.devices[:1], devices.parameter_device, devices.kind, 1)
-    single = _tower_run(problem, one_device, "mean")
+    single = _tower_run(problem, _first_device(devices), "mean")
     mean = _tower_run(problem, devices, "mean")
     mirrored = _mirrored_run(problem, devices)
     names = [v.path for v in reference.trainable_variables]
@@ -765,5 +796,5 @@ def run_gradcheck(
         loss_vs_shards=_loss_vs_shards(problem, towers),
         workers=cluster.workers if across is not None else None,
         workers_vs_single=None if across is None else _comparison(across, single, names),
-        updates_vs_single=[_update_check(problem, devices, one_device, o) for o in optimizers],
+        updates_vs_single=_update_checks(problem, devices, optimizers, single[0], names),
     )

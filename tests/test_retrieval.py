@@ -258,9 +258,15 @@ def test_gathered_towers_compute_one_devices_gradient(tmp_path, towers):
     (tmp_path / "pairs.py").write_text(PAIR_MODEL)
     result = run_gradcheck(
         f"{tmp_path}/pairs.py:build", towers, 16, seed=1, input_shape=(4, 4, 1), num_classes=5,
-        loss="in_batch_softmax", cross_tower="gather",
+        loss="in_batch_softmax", cross_tower="gather", optimizers=("adam", "lamb"),
     )  # fmt: skip
     assert result.passed and result.cross_tower == "gather"
+    # The candidate bias's gradient is exactly 0 (it moves a query's logits alike): its rounding
+    # noise, turned into LR x g / epsilon steps by adam and lamb, is left out and named.
+    for check in result.updates_vs_single:
+        assert check.max_rel_diff <= 1e-5, check
+        assert len(check.left_out) == 1 and check.left_out[0].endswith("/bias")
+    assert "Left out of that comparison: " in result.explanation
     assert result.mean_vs_single.max_rel_diff <= 1e-5
     assert result.loss_vs_shards > 1e-5  # the loss still depends on the batch: gather cures it
     assert "cross_tower gather gives each tower's loss all 16 candidates" in result.explanation
