@@ -29,6 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from towerbench.config.losses import BATCH_DEPENDENCE, labels_taken
+from towerbench.config.optimizers import ADAPTIVE
 from towerbench.config.sections import TrainConfig
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.tfrecord_format import LabelKind
@@ -254,19 +255,25 @@ def _decay_loss(network, weight_decay: float):
     return WeightDecay(network, weight_decay).loss()
 
 
+def _rounding_noise(gradients: list[np.ndarray]) -> list[bool]:
+    """Per variable: whether its gradient is rounding noise around 0, at most ZERO_LIKE times
+    the largest of all `gradients`."""
+    overall = max(float(np.max(np.abs(g))) for g in gradients)
+    return [float(np.max(np.abs(g))) <= ZERO_LIKE * overall for g in gradients]
+
+
 def _differences(
     a: list[np.ndarray], b: list[np.ndarray], gradients: bool = False
 ) -> list[tuple[float, float]]:
     """Per variable: the largest absolute difference of a from b, and that over b's largest
     absolute value (||a - b||_inf / ||b||_inf); for `gradients`, over all of b's where the
-    variable's is rounding noise around 0 (ZERO_LIKE)."""
+    variable's is rounding noise around 0 (`_rounding_noise`)."""
     overall = max(float(np.max(np.abs(right))) for right in b) if gradients else 0.0
+    noise = _rounding_noise(b) if gradients else [False] * len(b)
     differences = []
-    for left, right in zip(a, b, strict=True):
+    for left, right, is_noise in zip(a, b, noise, strict=True):
         absolute = float(np.max(np.abs(left - right)))
-        scale = float(np.max(np.abs(right)))
-        if scale <= ZERO_LIKE * overall:
-            scale = overall
+        scale = overall if is_noise else float(np.max(np.abs(right)))
         differences.append((absolute, absolute / scale if scale else absolute))
     return differences
 
@@ -376,9 +383,8 @@ def _update_checks(
     names: list[str],
 ) -> list[UpdateCheck]:
     """Each optimizer's weights after UPDATE_STEPS steps, k towers against one device, but for
-    the variables whose one-device `gradients` are rounding noise around 0 (ZERO_LIKE)."""
-    overall = max(float(np.max(np.abs(g))) for g in gradients)
-    kept = [float(np.max(np.abs(g))) > ZERO_LIKE * overall for g in gradients]
+    the variables whose one-device `gradients` are rounding noise around 0 (`_rounding_noise`)."""
+    kept = [not noise for noise in _rounding_noise(gradients)]
     left_out = [name for name, keep in zip(names, kept, strict=True) if not keep]
     checks = []
     for optimizer in optimizers:
@@ -616,7 +622,7 @@ def _explanation(result: GradcheckResult) -> str:
         if worst.left_out:
             lines.append(
                 f"Left out of that comparison: {', '.join(worst.left_out)}, whose gradient is "
-                "rounding noise around 0; an adaptive optimizer (adam, adamw, rmsprop, lamb) "
+                f"rounding noise around 0; an adaptive optimizer ({', '.join(sorted(ADAPTIVE))}) "
                 "turns noise below its epsilon into steps of about LR x g / epsilon, which "
                 "differ wherever the noise does."
             )
