@@ -39,13 +39,22 @@ def _advise(project: Path, temporary: Path) -> tuple[list[str], dict[str, str]]:
     return command, dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(temporary))
 
 
+def _forked(process: psutil.Process) -> bool:
+    """Whether `process` runs the fork server's code: the server, or a process forked from it
+    (not what its preload runs, such as GitPython's `git version`)."""
+    try:
+        return "multiprocessing.forkserver" in " ".join(process.cmdline())
+    except psutil.Error:  # ended meanwhile (a zombie until reaped)
+        return False
+
+
 def _probe_started(command: psutil.Process) -> bool:
     """A process forked from the command's fork server: the probe."""
-    for child in command.children():
+    for server in filter(_forked, command.children()):
         try:
-            if "multiprocessing.forkserver" in " ".join(child.cmdline()) and child.children():
+            if any(_forked(child) for child in server.children()):
                 return True
-        except psutil.Error:  # ended meanwhile (a zombie until reaped)
+        except psutil.Error:
             continue
     return False
 
