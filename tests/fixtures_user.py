@@ -6,10 +6,13 @@ none, and then towerbench's own choice (core/native_logs.py) decides what Tensor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -17,6 +20,18 @@ def user_environment(**settings: str) -> dict[str, str]:
     """This process's environment without TensorFlow's log level, with `settings` on top."""
     kept = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
     return {**kept, **settings}
+
+
+@contextlib.contextmanager
+def interruptible_children() -> Iterator[None]:
+    """Processes started in the block take SIGINT as from a terminal or a Jupyter kernel, even
+    when this test process inherited it ignored (a background job, nohup, a CI runner): an
+    ignored signal stays ignored across exec, and Python then raises no KeyboardInterrupt."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_script(folder: Path, text: str, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -180,12 +180,12 @@ def test_an_interrupted_call_marks_its_runs_killed_and_the_same_call_resumes(tmp
     import mlflow
 
     (tmp_path / "script.py").write_text(INTERRUPTED)
-    # 20 epochs of about 0.5 s: training goes on ~10 s after epoch 1's line, however late the
-    # line is read (6 epochs once ended, on a loaded machine, before the SIGINT was sent).
+    # 20 epochs of about 0.5 s: training goes on ~10 s after epoch 1's line.
     command = [sys.executable, "script.py", "20"]
-    process = subprocess.Popen(
-        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    with fixtures_user.interruptible_children():
+        process = subprocess.Popen(
+            command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
     seen = []
     for line in process.stdout:  # the first epoch's log line (verbose): training is under way
         seen.append(line)
