@@ -22,13 +22,11 @@ $(STAMP): pyproject.toml
 run: install
 	$(BIN)/towerbench pipeline --params params.yaml
 
-# Three workers on two cores (the suite waits on servers and processes: two workers kept 68% of
-# the CPU busy, docs/setup.md), a file each at a time (module fixtures stay in one process),
-# longest files first; line coverage of the package in them and in the processes they start
-# (pyproject.toml's [tool.coverage]): its total last, the run failing below the floor, each line
-# in build/coverage/.
+# Two workers, a file each at a time (module fixtures stay in one process), longest files first;
+# line coverage of the package in them and in the processes they start (pyproject.toml's
+# [tool.coverage]): its total last, the run failing below the floor, each line in build/coverage/.
 test: install
-	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=15 \
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15 \
 		--cov --cov-report=html:build/coverage
 
 bench: install

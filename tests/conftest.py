@@ -52,7 +52,7 @@ def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001 - pytest hook sig
 
 # The longest files go first (worker-seconds in a fresh clone's `make test` of a2de491: the
 # examples 959, advise 302, pools 246, the Python face 229, resume 179, the advise kill 137, DVC
-# 136): `make test` runs files on its xdist workers in this order, so these start at once and the
+# 136): `make test` runs files on two xdist workers in this order, so these start at once and the
 # short files fill in around them.
 LONGEST_FIRST = (
     "test_examples.py",
