@@ -3,12 +3,15 @@ logical CPU devices the in-process TensorFlow tests run their towers on."""
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+
+import pytest
 
 # Set before Prefect, MLflow, DVC or TensorFlow are imported by any test module.
 _SANDBOX = Path(tempfile.mkdtemp(prefix="towerbench-tests-"))
@@ -73,10 +76,25 @@ def pytest_collection_modifyitems(items):
 def pytest_collection_finish(session):  # noqa: ARG001 - pytest hook signature
     """Split the CPU into logical devices once collection has imported TensorFlow and before any
     test runs an op, so one pytest process can test 1, 2 and 4 towers (a run without TensorFlow
-    tests never imports it)."""
+    tests never imports it). Then everything imported so far is frozen out of the collector's
+    walks."""
     if "tensorflow" in sys.modules:
         from fixtures_model import LOGICAL_CPUS
 
         from towerbench.model.devices import split_cpu
 
         split_cpu(LOGICAL_CPUS)
+    gc.collect()
+    gc.freeze()  # what the imports made: each test's collection below walks only what tests made
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):  # noqa: ARG001 - pytest hook signature
+    """Free each test's garbage as its fixtures end. A `fit` under MirroredStrategy leaves its
+    epochs' tf.data iterators in reference cycles; freed late, by a collection during a later
+    test, an iterator's autotuning thread can miss the cancellation and sleep out its period
+    (which doubles to 60 s while the iterator lives): 215 s for one collection, measured. Freed
+    young, at most the period a test's lifetime reaches."""
+    torn_down = yield
+    gc.collect()
+    return torn_down
