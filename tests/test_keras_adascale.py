@@ -22,6 +22,8 @@ from towerbench.model.networks import Network
 from towerbench.model.schedules import EpochSchedule, StepSchedule
 from towerbench.model.towers import TowerTrainer
 
+pytestmark = pytest.mark.usefixtures("fit_garbage_collected")
+
 TOWERS, PER_TOWER, REFERENCE_BATCH, STEPS, LR = 4, 16, 16, 6, 0.1
 
 

@@ -33,6 +33,8 @@ from towerbench.tasks.advise.advice import (
 )
 from towerbench.tasks.advise.recipe import Measurements, choose_recipe
 
+pytestmark = pytest.mark.usefixtures("fit_garbage_collected")
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = 1000
 
