@@ -22,6 +22,7 @@ from towerbench.cli.console import (
 )
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.native_logs import quiet_native_logs
+from towerbench.core.reaper import temporary_files_of_this_process
 from towerbench.model import cluster
 from towerbench.serve.telemetry import telemetry_off_unless_opted_in
 from towerbench.tasks.training.local_cluster import end_with_launcher
@@ -57,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 RESUMABLE_COMMANDS = ("sweep", "pipeline", "advise")  # advise resumes its verification
+# Commands that train, log artifacts through MLflow's temporary folders, or run until stopped: in
+# their own process, their temporary files and their children's go in one folder that a watchdog
+# removes however the command ends (SIGKILL included).
+SCRATCH_FOLDER_COMMANDS = (*RESUMABLE_COMMANDS, "serve", "worker")
 _FINAL_LINES: list[str] = []
 _command_status: int | None = None  # set by `run`, in the command's own process
 _own_process = False  # `run`: the command owns this process (not a call of `main` from Python)
@@ -131,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         server_notices_hidden()
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what `--workers N` starts N times
+    if _own_process and args.command in SCRATCH_FOLDER_COMMANDS:
+        temporary_files_of_this_process(f"towerbench-{args.command}-")
     signal.signal(signal.SIGTERM, _interrupt)  # a clean stop, as for Ctrl-C
     # Ctrl-C too, even when whatever started us left SIGINT ignored or blocked.
     signal.signal(signal.SIGINT, _interrupt)

@@ -12,6 +12,7 @@ do not outlive their owner holding its ports, nor leave their files behind.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -104,10 +105,17 @@ def temporary_files_of_this_process(prefix: str) -> str:
     """Point this process's temporary files, and its children's (Prefect's folder per flow run,
     multiprocessing's), into one folder that a watchdog removes when the process ends, however it
     ends; its path."""
-    folder = tempfile.mkdtemp(prefix=prefix)
+    while True:
+        folder = os.path.join(tempfile.gettempdir(), prefix + secrets.token_hex(4))
+        # Named to the watchdog before it exists: no moment when a kill would leave it behind.
+        remove_when_this_process_ends(folder)
+        try:
+            os.mkdir(folder, 0o700)
+            break
+        except FileExistsError:  # another process's: not ours to remove
+            _PROCESS_REAPERS[0].keep(folder)
     os.environ["TMPDIR"] = folder
     tempfile.tempdir = folder
-    remove_when_this_process_ends(folder)
     return folder
 
 

@@ -30,7 +30,6 @@ from towerbench.config.params import (
 from towerbench.config.sections import DataConfig, TrainConfig
 from towerbench.config.tracking_uri import check_store_exists
 from towerbench.core.outcome import NothingTrained, SweepResult
-from towerbench.core.reaper import temporary_files_of_this_process
 from towerbench.model.training_data import check_training_data
 from towerbench.serve.startup import prepare_prefect, sweep_lock
 from towerbench.tasks.data.dvc_stages import check_dvc_project
@@ -161,7 +160,6 @@ def run_serve_command(args: argparse.Namespace) -> int:
     params = _params_with_options(args)
     from towerbench.serve.deployments import serve
 
-    temporary_files_of_this_process("towerbench-serve-")
     serve(params, args.params)
     return 0
 

@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 from towerbench.core.errors import TowerbenchError
-from towerbench.core.reaper import temporary_files_of_this_process
 
 
 def _devices(text: str) -> str:
@@ -22,7 +21,6 @@ def run_worker_command(args: argparse.Namespace) -> int:
         raise TowerbenchError(f"--project {args.project}: no such folder")
     from towerbench.serve.pool_worker import run_worker
 
-    temporary_files_of_this_process("towerbench-worker-")
     run_worker(args.pool, args.devices, args.limit, args.project)
     return 0
 
