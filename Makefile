@@ -1,5 +1,5 @@
 # `make run` and `make test` are the whole setup on a fresh machine.
-PYTHON ?= python3.11
+PYTHON ?= python3.12
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed

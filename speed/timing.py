@@ -15,11 +15,8 @@ import statistics
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from scipy import stats
-
-Key = TypeVar("Key", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -85,7 +82,7 @@ def ratio_interval(
     )
 
 
-def interleaved(
+def interleaved[Key: Hashable](
     runs: Mapping[Key, Callable[[], float]],
     repeats: int,
     warmup: int = 1,

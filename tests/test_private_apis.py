@@ -1,5 +1,5 @@
 """What towerbench starts it stops through handles of its own, except multiprocessing's fork
-server and resource tracker, which Python 3.11 offers no public stop for: the one wrapper of
+server and resource tracker, which Python 3.12 offers no public stop for: the one wrapper of
 their private `_stop()` still stops them, or these tests say which call a Python release
 changed."""
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -80,10 +80,9 @@ def _differences(asked: Any, declared: Any, key: str) -> list[str]:
     return [f"{key}: {asked!r} in the form, {declared!r} in params.yaml"]
 
 
-Section = TypeVar("Section", bound=BaseModel)
-
-
-def _declared(path: Path, document: dict[str, Any], section: str, model: type[Section]) -> Section:
+def _declared[Section: BaseModel](
+    path: Path, document: dict[str, Any], section: str, model: type[Section]
+) -> Section:
     """params.yaml's own values of `section` (`document` is the file read at `path`), validated
     by the model the form's values have."""
     try:

@@ -52,7 +52,7 @@ def start_fork_server() -> None:
 
 def stop_multiprocessing_servers() -> None:
     """Stop and reap multiprocessing's fork server and resource tracker (a no-op for one not
-    running); the next `ensure_running` starts them again. Python 3.11's multiprocessing has no
+    running); the next `ensure_running` starts them again. Python 3.12's multiprocessing has no
     public stop for either: this is towerbench's one call of their private `_stop()`
     (tests/test_private_apis.py fails when a Python release changes it)."""
     forkserver._forkserver._stop()  # type: ignore[attr-defined]
