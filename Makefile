@@ -12,9 +12,11 @@ TYPECHECK := build/typecheck
 
 install: $(STAMP)
 
-# Re-install only when the dependency list changes.
+# Re-install only when the dependency list changes; a .venv of another Python (a clone made
+# before the project moved to 3.12) is made again.
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	want="$$($(PYTHON) -V)" && { test "$$($(BIN)/python -V 2>&1)" = "$$want" || \
+		{ rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }; }
 	$(BIN)/python -m pip install -qq --upgrade pip
 	$(BIN)/python -m pip install -qq -e '.[test]'
 	touch $(STAMP)
