@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import signal
 import subprocess
 import types
@@ -19,6 +18,7 @@ from unittest import mock
 
 from towerbench.core.errors import TowerbenchError
 from towerbench.core.processes import stop
+from towerbench.tasks.preflight import prefect_api_url
 
 if TYPE_CHECKING:
     from prefect.server.api.server import SubprocessASGIServer
@@ -33,14 +33,15 @@ def _end_with_parent() -> None:
 
 
 def start_owned_temporary_server(timeout_seconds: int) -> SubprocessASGIServer | None:
-    """Start the temporary server now, from this (main) thread, unless an API URL is set; the
-    server when this call started it (its `stop()` ends it), else None.
+    """Start the temporary server now, from this (main) thread, unless an API URL is set (in the
+    environment or the Prefect profile); the server when this call started it (its `stop()` ends
+    it), else None.
 
     PR_SET_PDEATHSIG follows the thread that forked the child, so the server must be started
     from the main thread; every later Prefect client reuses this one instance. One that fails to
     start (a timeout, Ctrl-C) is stopped at once.
     """
-    if os.environ.get("PREFECT_API_URL"):
+    if prefect_api_url():
         return None
     from prefect.server.api import server as prefect_server
 

@@ -87,7 +87,7 @@ def _check_tracking_server(tracking_uri: str) -> None:
         )
 
 
-def _prefect_api_url() -> str | None:
+def prefect_api_url() -> str | None:
     """The Prefect API this process would use (environment or profile); None for a temporary
     server of its own."""
     from prefect.settings import get_current_settings
@@ -121,7 +121,7 @@ def check_servers(tracking_uri: str | None, prefect: bool = True) -> None:
         _check_tracking_server(tracking_uri)
     if not prefect:
         return
-    api_url = _prefect_api_url()
+    api_url = prefect_api_url()
     if not api_url:  # None (or empty): a temporary server of our own
         _check_loopback()
         return

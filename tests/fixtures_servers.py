@@ -100,10 +100,13 @@ def prefect_server(folder: Path, environment: dict[str, str]) -> Iterator[Callab
     environment.update(PREFECT_HOME=str(folder / "prefect-home"), PREFECT_API_URL=api)
     command = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     server = start(command, folder / "prefect-server.log", env=untraced(environment))
+    watchdog = _watchdog(None, ["kill", "-TERM", "--", f"-{server.pid}"])
     try:
         yield _ready_when_healthy(server, f"{api}/health", "the Prefect server", api)
     finally:
         stop([server])
+        watchdog.kill()  # its stop is done: it must not signal a process group id reused since
+        watchdog.wait()
 
 
 def _ready_when_healthy(
@@ -155,19 +158,21 @@ def _run_as_postgres_user(command: list[str]) -> None:
     assert completed.returncode == 0, f"{command}: {completed.stdout}{completed.stderr}"
 
 
-# Waits for its stdin to close, then runs its arguments after the first and removes the first.
+# Waits for its stdin to close, then runs its arguments after the first and removes the first
+# (unless it is empty).
 _WATCHDOG = """
 import shutil, subprocess, sys
 sys.stdin.read()
 subprocess.run(sys.argv[2:], capture_output=True, check=False)
-shutil.rmtree(sys.argv[1], ignore_errors=True)
+if sys.argv[1]:
+    shutil.rmtree(sys.argv[1], ignore_errors=True)
 """
 
 
-def _watchdog(folder: Path, stop_command: list[str]) -> subprocess.Popen:
-    """A process, in its own session, that runs `stop_command` and removes `folder` once its
-    stdin closes: when the test closes it or when the test's process dies, even by SIGKILL."""
-    command = [sys.executable, "-c", _WATCHDOG, str(folder), *stop_command]
+def _watchdog(folder: Path | None, stop_command: list[str]) -> subprocess.Popen:
+    """A process, in its own session, that runs `stop_command` and removes `folder` (if any) once
+    its stdin closes: when the test closes it or when the test's process dies, even by SIGKILL."""
+    command = [sys.executable, "-c", _WATCHDOG, str(folder or ""), *stop_command]
     return subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
 
 

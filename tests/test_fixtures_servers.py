@@ -1,5 +1,5 @@
-"""The test servers outlive no test: the private PostgreSQL stops even when the test's process is
-killed outright."""
+"""The test servers outlive no test: the private PostgreSQL and the Prefect server (the shared
+one each pytest worker starts) stop even when the test's process is killed outright."""
 
 from __future__ import annotations
 
@@ -24,17 +24,38 @@ with postgres("password") as uri:
     time.sleep(600)
 """
 
+HOLD_PREFECT = """
+import os, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from fixtures_servers import prefect_server
+with prefect_server(Path(sys.argv[2]), dict(os.environ)) as ready:
+    print(ready(), flush=True)
+    time.sleep(600)
+"""
+
 
 def _accepts(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_postgres_stops_when_its_test_process_is_killed() -> None:
-    command = [sys.executable, "-c", HOLD_POSTGRES, str(Path(__file__).parent)]
-    holder = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    port = urlsplit(holder.stdout.readline()).port
+def _killed_while_serving(holder: str, *arguments: str) -> int:
+    """The port of the server `holder` serves on, once `holder`'s process is killed by SIGKILL."""
+    command = [sys.executable, "-c", holder, str(Path(__file__).parent), *arguments]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    port = urlsplit(process.stdout.readline()).port
     assert port is not None and _accepts(port)
-    holder.send_signal(signal.SIGKILL)
-    holder.wait()
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    return port
+
+
+def test_postgres_stops_when_its_test_process_is_killed() -> None:
+    port = _killed_while_serving(HOLD_POSTGRES)
     wait_until(lambda: not _accepts(port), 30, "PostgreSQL to stop")
+
+
+def test_prefect_server_stops_when_its_test_process_is_killed(tmp_path: Path) -> None:
+    port = _killed_while_serving(HOLD_PREFECT, str(tmp_path))
+    wait_until(lambda: not _accepts(port), 30, "the Prefect server to stop")

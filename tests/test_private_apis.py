@@ -71,7 +71,11 @@ def test_the_temporary_server_started_here_is_returned_and_its_stop_ends_it() ->
     assert _children("uvicorn") == []
 
 
-def test_no_temporary_server_when_an_api_url_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
-    assert start_owned_temporary_server(120) is None
+def test_no_temporary_server_when_prefects_settings_name_an_api() -> None:
+    """Prefect's settings, as its clients read them (the environment when Prefect was imported,
+    or the profile), decide: not the environment of now."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        assert start_owned_temporary_server(120) is None
     assert _children("uvicorn") == []
