@@ -138,7 +138,9 @@ server.serve_forever()
 """
 
 
-def test_servers_that_answer_pass_and_a_failing_one_is_named(tmp_path, monkeypatch):
+def test_servers_that_answer_pass_and_a_failing_one_is_named(tmp_path):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     app = subprocess.Popen(
         [sys.executable, "-c", MLFLOW_APP, store, str(tmp_path / "artifacts")],
@@ -149,9 +151,10 @@ def test_servers_that_answer_pass_and_a_failing_one_is_named(tmp_path, monkeypat
     try:
         mlflow_url = f"http://127.0.0.1:{app.stdout.readline().strip()}"
         httpx.get(mlflow_url + MLFLOW_PROBE, timeout=120)  # its tables are made on first use
-        monkeypatch.delenv("PREFECT_API_URL", raising=False)
-        with http_server({"/health": b"OK", "/api/health": b"true"}) as (url, _):
-            monkeypatch.setenv("PREFECT_API_URL", f"{url}/api")
+        with (
+            http_server({"/health": b"OK", "/api/health": b"true"}) as (url, _),
+            temporary_settings({PREFECT_API_URL: f"{url}/api"}),  # as Prefect's clients read it
+        ):
             check_servers(mlflow_url)  # both answer, MLflow as MLflow
             with pytest.raises(TowerbenchError, match="a web server answers, but not MLflow's"):
                 check_servers(url)  # answers /health, but not MLflow's REST API (404)
