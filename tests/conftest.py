@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixtures_servers import watchdog
 
 # Set before Prefect, MLflow, DVC or TensorFlow are imported by any test module.
 _SANDBOX = Path(tempfile.mkdtemp(prefix="towerbench-tests-"))
@@ -30,6 +31,8 @@ os.environ.update(
     }
 )
 (_SANDBOX / "prefect").mkdir()  # Prefect's temporary server cannot create its home itself
+# Removes the sandbox as the session ends, or after this process is killed (even by SIGKILL).
+_SANDBOX_REMOVER = watchdog(_SANDBOX)
 # Every Python process of the venv reads this .pth file as it starts (after coverage's own,
 # a1_coverage.pth); it acts only in a test session (the variable) and only on a third-party
 # server, whose coverage measurement it stops (tests/untraced_servers.py).
@@ -52,6 +55,8 @@ def pytest_configure(config):  # noqa: ARG001 - pytest hook signature
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001 - pytest hook signature
     shutil.rmtree(_SANDBOX, ignore_errors=True)
+    # Not waited for: a process forked from this one (not exec'd) may hold its stdin open.
+    _SANDBOX_REMOVER.stdin.close()
 
 
 # The longest files go first (worker-seconds in a fresh clone's `make test` of a2de491: the

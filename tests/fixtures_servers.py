@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -91,6 +91,26 @@ def stop(processes: list[subprocess.Popen], grace_seconds: float = 30) -> None:
             process.wait()
 
 
+# Waits for its stdin to close, then runs its arguments after the first (if any) and removes
+# the first (unless it is empty).
+_WATCHDOG = """
+import shutil, subprocess, sys
+sys.stdin.read()
+if sys.argv[2:]:
+    subprocess.run(sys.argv[2:], capture_output=True, check=False)
+if sys.argv[1]:
+    shutil.rmtree(sys.argv[1], ignore_errors=True)
+"""
+
+
+def watchdog(folder: Path | None, stop_command: Sequence[str] = ()) -> subprocess.Popen:
+    """A process, in its own session, that runs `stop_command` (if any) and removes `folder` (if
+    any) once its stdin closes: when the test closes it or when the test's process dies, even by
+    SIGKILL."""
+    command = [sys.executable, "-c", _WATCHDOG, str(folder or ""), *stop_command]
+    return subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
+
+
 @contextmanager
 def prefect_server(folder: Path, environment: dict[str, str]) -> Iterator[Callable[[], str]]:
     """`prefect server start` with its home in `folder` and `environment` pointed at it; yields
@@ -100,13 +120,13 @@ def prefect_server(folder: Path, environment: dict[str, str]) -> Iterator[Callab
     environment.update(PREFECT_HOME=str(folder / "prefect-home"), PREFECT_API_URL=api)
     command = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     server = start(command, folder / "prefect-server.log", env=untraced(environment))
-    watchdog = _watchdog(None, ["kill", "-TERM", "--", f"-{server.pid}"])
+    guard = watchdog(None, ["kill", "-TERM", "--", f"-{server.pid}"])
     try:
         yield _ready_when_healthy(server, f"{api}/health", "the Prefect server", api)
     finally:
         stop([server])
-        watchdog.kill()  # its stop is done: it must not signal a process group id reused since
-        watchdog.wait()
+        guard.kill()  # its stop is done: it must not signal a process group id reused since
+        guard.wait()
 
 
 def _ready_when_healthy(
@@ -158,24 +178,6 @@ def _run_as_postgres_user(command: list[str]) -> None:
     assert completed.returncode == 0, f"{command}: {completed.stdout}{completed.stderr}"
 
 
-# Waits for its stdin to close, then runs its arguments after the first and removes the first
-# (unless it is empty).
-_WATCHDOG = """
-import shutil, subprocess, sys
-sys.stdin.read()
-subprocess.run(sys.argv[2:], capture_output=True, check=False)
-if sys.argv[1]:
-    shutil.rmtree(sys.argv[1], ignore_errors=True)
-"""
-
-
-def _watchdog(folder: Path | None, stop_command: list[str]) -> subprocess.Popen:
-    """A process, in its own session, that runs `stop_command` and removes `folder` (if any) once
-    its stdin closes: when the test closes it or when the test's process dies, even by SIGKILL."""
-    command = [sys.executable, "-c", _WATCHDOG, str(folder or ""), *stop_command]
-    return subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
-
-
 @contextmanager
 def postgres(password: str) -> Iterator[str]:
     """A private, throwaway PostgreSQL cluster (no fsync) with a database `mlflow`; yields its
@@ -190,7 +192,7 @@ def postgres(password: str) -> Iterator[str]:
     bin_folder, port = _postgres_bin(folder), free_port()
     options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
     pg_ctl = [str(bin_folder / "pg_ctl"), "-D", str(data), "-o", options, "-w"]
-    watchdog = _watchdog(folder, _as_postgres_user([*pg_ctl, "-m", "immediate", "stop"]))
+    guard = watchdog(folder, _as_postgres_user([*pg_ctl, "-m", "immediate", "stop"]))
     try:
         initdb = [str(bin_folder / "initdb"), "-D", str(data), "-U", "tb"]
         initdb += [f"--pwfile={password_file}", "--no-locale", "--encoding=UTF8", "--no-sync"]
@@ -203,8 +205,8 @@ def postgres(password: str) -> Iterator[str]:
             connection.execute("create database mlflow")
         yield f"{uri}/mlflow"
     finally:
-        watchdog.stdin.close()
-        watchdog.wait()
+        guard.stdin.close()
+        guard.wait()
 
 
 @contextmanager

@@ -1,5 +1,6 @@
 """The test servers outlive no test: the private PostgreSQL and the Prefect server (the shared
-one each pytest worker starts) stop even when the test's process is killed outright."""
+one each pytest worker starts) stop even when the test's process is killed outright; and a killed
+pytest process leaves no sandbox behind (conftest.py)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,22 @@ def test_postgres_stops_when_its_test_process_is_killed() -> None:
 def test_prefect_server_stops_when_its_test_process_is_killed(tmp_path: Path) -> None:
     port = _killed_while_serving(HOLD_PREFECT, str(tmp_path))
     wait_until(lambda: not _accepts(port), 30, "the Prefect server to stop")
+
+
+HOLD_SANDBOX = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import conftest
+print(conftest._SANDBOX, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_pytest_process_leaves_no_sandbox() -> None:
+    command = [sys.executable, "-c", HOLD_SANDBOX, str(Path(__file__).parent)]
+    holder = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    sandbox = Path(holder.stdout.readline().strip())
+    assert sandbox.name.startswith("towerbench-tests-") and (sandbox / "prefect").is_dir()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    wait_until(lambda: not sandbox.exists(), 30, f"{sandbox} to be removed")
