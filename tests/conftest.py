@@ -103,38 +103,3 @@ def fit_garbage_collected() -> Iterator[None]:
     collection after every test cost 20% of a 220 s run of five files."""
     yield
     gc.collect()
-
-
-@pytest.fixture(scope="session")
-def shared_prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One `prefect server start` for this pytest process (one per xdist worker), its API URL in
-    PREFECT_API_URL: every command a test starts reports there instead of starting Prefect's
-    temporary server of its own, which cost about 10 of a tiny sweep's 22 CPU-s (traced, measured
-    side by side). Ended with the session, or by its watchdog if pytest is killed."""
-    # Prefect reads its settings once, as it is imported: imported before the URL is set, this
-    # process's own flows keep their harness or temporary server (as Prefect's clients and
-    # serve/temporary_server.py read them alike); only the commands the tests start share.
-    import prefect.context  # noqa: F401
-    from fixtures_servers import prefect_server
-
-    folder = tmp_path_factory.mktemp("shared-prefect")
-    with prefect_server(folder, dict(os.environ)) as ready:
-        api = ready()
-        os.environ["PREFECT_API_URL"] = api
-        try:
-            yield api
-        finally:
-            os.environ.pop("PREFECT_API_URL", None)
-
-
-@pytest.fixture(autouse=True)
-def prefect_api_for_commands(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The shared Prefect server for the `slow` tests, which start commands; none for a fast test
-    or one marked `temporary_prefect_server` (it tests the temporary server itself)."""
-    node = request.node
-    if node.get_closest_marker("slow") and not node.get_closest_marker("temporary_prefect_server"):
-        request.getfixturevalue("shared_prefect_api")
-    else:
-        monkeypatch.delenv("PREFECT_API_URL", raising=False)

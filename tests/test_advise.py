@@ -9,11 +9,13 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import fixtures_model
 import pytest
 import yaml
+from fixtures_servers import untraced_prefect_harness
 
 import towerbench.keras
 from towerbench.config.advise import AdviseConfig, verification_configs
@@ -206,6 +208,16 @@ def _advise(
 
 
 @pytest.fixture(scope="module")
+def shared_prefect() -> Iterator[dict[str, str]]:
+    """One Prefect server for the advise commands that need not start their own (the first test
+    keeps the temporary server every command starts alone): PREFECT_API_URL to pass them."""
+    from prefect.settings import PREFECT_API_URL
+
+    with untraced_prefect_harness():
+        yield {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
+
+
+@pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("project")
     fixtures_model.write_digits_project(folder, PARAMS, train=480, test=120)
@@ -242,7 +254,6 @@ def _check_keras_recipe(path: Path, recipe: dict) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.temporary_prefect_server  # the README's timing of one advise command, alone
 def test_advise_without_verification_probes_chooses_and_keeps_the_recipe(
     project: Path, tmp_path: Path
 ) -> None:
@@ -288,12 +299,14 @@ def test_advise_without_verification_probes_chooses_and_keeps_the_recipe(
 
 
 @pytest.mark.slow
-def test_advise_for_adam_chooses_a_rule_that_fits_it(project: Path, tmp_path: Path) -> None:
+def test_advise_for_adam_chooses_a_rule_that_fits_it(
+    project: Path, tmp_path: Path, shared_prefect: dict[str, str]
+) -> None:
     """The params file's momentum LR is left out for Adam's own; the probe tries the base LR
     and sqrt's only; the recipe is the square-root rule or AdamScale, with Adam's betas and
     epsilon as the 2-tower run uses them, in the JSON and in advise-<id>.yaml."""
     options = ["--no-verify", "--optimizer", "adam", "--probe-steps", "40"]
-    document, stderr, _ = _advise(project, tmp_path, *options)
+    document, stderr, _ = _advise(project, tmp_path, *options, env=shared_prefect)
     assert "--optimizer adam: " in stderr and "train.base_lr (set for momentum) left out" in stderr
     trials = [trial["learning_rate"] for trial in document["probe"]["trials"]]
     assert trials[0] == 0.001 and all(lr <= 0.001 * 2**0.5 * 1.0001 for lr in trials)
@@ -308,12 +321,12 @@ def test_advise_for_adam_chooses_a_rule_that_fits_it(project: Path, tmp_path: Pa
 
 @pytest.mark.slow
 def test_advise_verifies_the_recipe_with_a_sweep_and_a_report(
-    project: Path, tmp_path: Path
+    project: Path, tmp_path: Path, shared_prefect: dict[str, str]
 ) -> None:
     from mlflow.tracking import MlflowClient
 
     options = ["--seeds", "2", "--probe-steps", "60"]
-    document, stderr, seconds = _advise(project, tmp_path, *options)
+    document, stderr, seconds = _advise(project, tmp_path, *options, env=shared_prefect)
     print(f"advise --verify --json: {seconds:.1f} s")
     verification = document["verification"]
     verdict = verification["verdict"]
@@ -338,7 +351,9 @@ def test_advise_verifies_the_recipe_with_a_sweep_and_a_report(
 
 
 @pytest.mark.slow
-def test_advise_when_every_run_diverges_states_no_difference_and_exits_1(tmp_path: Path) -> None:
+def test_advise_when_every_run_diverges_states_no_difference_and_exits_1(
+    tmp_path: Path, shared_prefect: dict[str, str]
+) -> None:
     """base_lr 50: the probe says to lower train.base_lr and to what; both sides diverge, so
     the verdict compares nothing, repeats that advice, and the command exits 1."""
     project = tmp_path / "project"
@@ -347,7 +362,7 @@ def test_advise_when_every_run_diverges_states_no_difference_and_exits_1(tmp_pat
         project, PARAMS.replace("base_lr: 0.02", "base_lr: 50"), train=160, test=40
     )
     options = ["--seeds", "1", "--probe-steps", "20"]
-    document, stderr, _ = _advise(project, tmp_path, *options, status=1)
+    document, stderr, _ = _advise(project, tmp_path, *options, env=shared_prefect, status=1)
     verification = document["verification"]
     verdict = verification["verdict"]
     assert verification["outcome"] == "diverged" and verification["difference_pp"] is None

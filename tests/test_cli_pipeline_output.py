@@ -15,8 +15,7 @@ import yaml
 
 from towerbench.tasks.data.dvc_stages import run_dvc
 
-# It fetches, preprocesses, trains and starts Prefect's temporary server, as `make run` does.
-pytestmark = [pytest.mark.slow, pytest.mark.temporary_prefect_server]
+pytestmark = pytest.mark.slow  # fetches, preprocesses, trains and starts Prefect
 
 PROJECT = Path(__file__).resolve().parents[1]
 

@@ -23,8 +23,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from test_advise import PARAMS
 
-# It starts the command, which trains; the temporary server it starts must end with it.
-pytestmark = [pytest.mark.slow, pytest.mark.temporary_prefect_server]
+pytestmark = pytest.mark.slow  # starts the command, which trains
 
 ROOT = Path(__file__).resolve().parents[1]
 # The forked processes look for their server once a second; Prefect's server, sent SIGTERM by the

@@ -95,7 +95,6 @@ def test_dead_prefect_api_stops_the_sweep_in_one_line_within_15s(tmp_path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
-@pytest.mark.temporary_prefect_server  # the loopback its temporary server needs
 def test_no_loopback_stops_the_sweep_in_one_line_within_15s(tmp_path):
     """In a network namespace whose loopback interface is down, Prefect's temporary server
     cannot answer: said at once, not after Prefect's start-up timeout and its traceback."""
@@ -109,7 +108,6 @@ def test_no_loopback_stops_the_sweep_in_one_line_within_15s(tmp_path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
-@pytest.mark.temporary_prefect_server
 def test_a_temporary_server_slower_than_its_startup_timeout_is_one_line(tmp_path):
     """The user's PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS is the time given; 1 s is
     shorter than the server's start-up here, and Prefect's timeout becomes one line."""

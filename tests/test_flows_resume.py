@@ -16,8 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from test_flows_sweep import TINY_TRAINING, write_tiny_digits
 
-# It trains and starts processes; Ctrl-C and a kill must end the temporary server too.
-pytestmark = [pytest.mark.slow, pytest.mark.temporary_prefect_server]
+pytestmark = pytest.mark.slow  # trains, or starts servers or processes
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGURATIONS = 2  # 2 towers x seeds 0, 1

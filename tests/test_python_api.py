@@ -127,7 +127,6 @@ print(json.dumps({
 
 
 @pytest.mark.slow
-@pytest.mark.temporary_prefect_server  # the call stops the server it started
 def test_train_sweep_and_advise_from_a_python_script(tmp_path):
     done = fixtures_user.run_script(tmp_path, SCRIPT, timeout=900)
     result = json.loads(done.stdout.strip().splitlines()[-1])
