@@ -1,5 +1,5 @@
-"""The test servers outlive no test: the private PostgreSQL and the Prefect server (the shared
-one each pytest worker starts) stop even when the test's process is killed outright; and a killed
+"""The test servers outlive no test: the private PostgreSQL and `prefect server start` (the pools'
+and deployments' tests) stop even when the test's process is killed outright; and a killed
 pytest process leaves no sandbox behind (conftest.py)."""
 
 from __future__ import annotations
@@ -41,14 +41,27 @@ def _accepts(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _killed_while_serving(holder: str, *arguments: str) -> int:
-    """The port of the server `holder` serves on, once `holder`'s process is killed by SIGKILL."""
+def _killed_after_its_first_line(holder: str, *arguments: str, check) -> str:
+    """The first line `holder` prints (`check` holds for it), once its process is killed by
+    SIGKILL."""
     command = [sys.executable, "-c", holder, str(Path(__file__).parent), *arguments]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    port = urlsplit(process.stdout.readline()).port
-    assert port is not None and _accepts(port)
+    line = process.stdout.readline().strip()
+    assert check(line), line
     process.send_signal(signal.SIGKILL)
     process.wait()
+    return line
+
+
+def _killed_while_serving(holder: str, *arguments: str) -> int:
+    """The port of the server `holder` serves on, once `holder`'s process is killed by SIGKILL."""
+    url = _killed_after_its_first_line(holder, *arguments, check=lambda line: _accepts(_port(line)))
+    return _port(url)
+
+
+def _port(url: str) -> int:
+    port = urlsplit(url).port
+    assert port is not None, url
     return port
 
 
@@ -71,11 +84,10 @@ time.sleep(600)
 """
 
 
+def _a_sandbox(line: str) -> bool:
+    return Path(line).name.startswith("towerbench-tests-") and (Path(line) / "prefect").is_dir()
+
+
 def test_a_killed_pytest_process_leaves_no_sandbox() -> None:
-    command = [sys.executable, "-c", HOLD_SANDBOX, str(Path(__file__).parent)]
-    holder = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    sandbox = Path(holder.stdout.readline().strip())
-    assert sandbox.name.startswith("towerbench-tests-") and (sandbox / "prefect").is_dir()
-    holder.send_signal(signal.SIGKILL)
-    holder.wait()
+    sandbox = Path(_killed_after_its_first_line(HOLD_SANDBOX, check=_a_sandbox))
     wait_until(lambda: not sandbox.exists(), 30, f"{sandbox} to be removed")
